@@ -1,0 +1,108 @@
+"""Turns Hydra/OmegaConf composition errors and ConfigError into one-line messages, before any
+model loads. Hydra's own reports span several lines; users asked for one line naming the bad
+value and the valid choices."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+from omegaconf import OmegaConf
+
+from grpo_exp.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+EXIT_BAD_INPUT = 2
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _groups() -> list[str]:
+    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+
+
+def _split_override(arg: str) -> tuple[str, str] | None:
+    if "=" not in arg or arg.startswith(("-", "~")):
+        return None
+    key, value = arg.split("=", 1)
+    return key.lstrip("+"), value
+
+
+def check_group_choices(args: list[str], multirun: bool) -> None:
+    """`model=foo`: name the valid options instead of Hydra's multi-line 'Could not find'."""
+    groups = _groups()
+    for arg in args:
+        parsed = _split_override(arg)
+        if parsed is None or parsed[0] not in groups:
+            continue
+        group, value = parsed
+        values = value.split(",") if multirun else [value]
+        for choice in values:
+            choice = choice.strip()
+            if choice in ("null", "") and group in ("experiment", "debug"):
+                continue
+            if choice not in group_options(group):
+                raise ConfigError(f"unknown {group} option '{choice}'; valid choices: {', '.join(group_options(group))}")
+
+
+def _valid_keys(config_name: str, key: str) -> str:
+    from hydra import compose
+
+    parent = key.rsplit(".", 1)[0] if "." in key else None
+    try:
+        cfg = compose(config_name=config_name)
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        keys = sorted(str(k) for k in node.keys()) if node is not None and hasattr(node, "keys") else []
+    except Exception:
+        keys = []
+    where = f" under {parent}" if parent else ""
+    return f"; valid keys{where}: {', '.join(keys)}" if keys else ""
+
+
+def _one_line(err: BaseException) -> str:
+    parts = []
+    while err is not None:
+        text = str(err).strip().splitlines()
+        if text and text[0] not in parts:
+            parts.append(text[0])
+        err = err.__cause__ or err.__context__
+    return ": ".join(parts)
+
+
+def check_overrides(config_name: str, args: list[str]) -> None:
+    """Compose once with the user's overrides so type and key errors surface as one line."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    check_group_choices(args, multirun)
+    if multirun or any(a.startswith("-") for a in args):
+        return  # sweeps and Hydra flags are composed per job by Hydra itself
+    overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:
+            compose(config_name=config_name, overrides=overrides)
+        except Exception as err:
+            cause = err.__cause__ or err
+            bad = next((a for a in overrides if a.split("=", 1)[0].lstrip("+~") in str(err)), None)
+            if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and bad:
+                key = bad.split("=", 1)[0].lstrip("+~")
+                raise ConfigError(f"unknown config key '{key}'{_valid_keys(config_name, key)}") from None
+            raise ConfigError(_one_line(err)) from None
+
+
+def guarded(main: Callable[[], None], config_name: str) -> None:
+    """Run a Hydra main after the pre-check; bad input exits 2 with one line on stderr."""
+    try:
+        check_overrides(config_name, sys.argv[1:])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    main()
+
+
+def report_config_error(err: ConfigError) -> None:
+    print(f"error: {err}", file=sys.stderr)

@@ -1,0 +1,254 @@
+"""Structured-config schemas (registered in Hydra's ConfigStore) and the semantic checks run at start.
+
+Types and key names are enforced by OmegaConf through these dataclasses, so a typo such as
+`train.max_stepz=3` or `train.max_steps=abc` fails while the config is composed. Rules that span
+several values (GRPO batch divisibility, known reward names, existing paths) live in `validate`,
+which every entrypoint calls before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from grpo_exp.errors import ConfigError
+
+MODEL_SOURCES = ("packaged_gguf", "pretrained", "tiny_random")
+DATASETS = ("basic", "intermediate", "advanced", "gsm8k")
+PRECISIONS = ("bf16", "fp32")
+QUANT_METHODS = ("none", "dynamic_int8")
+LOGGERS = ("none", "wandb")
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    # packaged_gguf: a GGUF inside a pip package; pretrained: hub id or local dir; tiny_random: built in code
+    source: str = "pretrained"
+    id: Optional[str] = None
+    package: Optional[str] = None
+    revision: Optional[str] = None
+    instruct: bool = True
+    # tiny_random only: a few-layer Llama that shares the SmolLM2 tokenizer
+    tiny_layers: int = 2
+    tiny_hidden: int = 64
+    tiny_heads: int = 4
+    tiny_kv_heads: int = 2
+    tiny_intermediate: int = 128
+
+
+@dataclass
+class StageConfig:
+    name: str = MISSING
+    dataset: str = "basic"
+    path: Optional[str] = None
+    hub_id: str = "openai/gsm8k"
+    hub_config: str = "main"
+    num_train: int = 2000
+    num_test: int = 200
+
+
+@dataclass
+class RewardConfig:
+    name: str = MISSING
+    funcs: List[str] = field(default_factory=lambda: ["correctness"])
+    weights: Optional[List[float]] = None
+    system_prompt: str = ""
+
+
+@dataclass
+class QuantizationConfig:
+    method: str = "none"
+
+
+@dataclass
+class CpuConfig:
+    # "auto" (all cores this process may use) or a positive integer
+    threads: Any = "auto"
+    interop_threads: int = 1
+
+
+@dataclass
+class TrainConfig:
+    """GRPO hyperparameters, named as TRL's GRPOConfig names them."""
+
+    max_steps: int = 60
+    num_generations: int = 4
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    generation_batch_size: Optional[int] = None
+    steps_per_generation: Optional[int] = None
+    num_iterations: int = 1
+    max_completion_length: int = 64
+    learning_rate: float = 1e-5
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    beta: float = 0.0
+    epsilon: float = 0.2
+    loss_type: str = "dapo"
+    scale_rewards: str = "group"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    mask_truncated_completions: bool = False
+    seed: int = 42
+    precision: str = "bf16"
+    gradient_checkpointing: bool = False
+    logging_steps: int = 1
+    save_steps: int = 50
+    save_total_limit: Optional[int] = 2
+    # Any other GRPOConfig field, passed through after a name check
+    extra: Any = field(default_factory=dict)
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    project: str = "grpo-exp"
+    entity: Optional[str] = None
+    mode: str = "offline"
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class PathsConfig:
+    output_dir: str = MISSING
+    cache_dir: str = MISSING
+
+
+@dataclass
+class RunConfig:
+    task_name: str = "train"
+    model: ModelConfig = MISSING
+    stage: StageConfig = MISSING
+    reward: RewardConfig = MISSING
+    quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    cpu: CpuConfig = field(default_factory=CpuConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    # rows of prompts/completions/rewards kept in completions.jsonl, every `completions_every` steps
+    completions_every: int = 5
+
+
+def register_configs() -> None:
+    """Make the schema available to the defaults list as `train_schema`."""
+    ConfigStore.instance().store(name="train_schema", node=RunConfig)
+
+
+register_configs()
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    _require(value in choices, f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
+
+
+def resolve_threads(threads: Any) -> int:
+    """`auto` means every core this process may run on."""
+    if str(threads) == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        n = int(threads)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or str(n) != str(threads).strip():
+        raise ConfigError(f"cpu.threads={threads!r} is not valid; use 'auto' or a positive integer")
+    return n
+
+
+def generation_batch(train: Any) -> tuple[int, int]:
+    """(completions per generation round, optimizer steps it feeds), as GRPOConfig derives them."""
+    per_step = train.per_device_train_batch_size
+    if train.generation_batch_size is not None and train.steps_per_generation is not None:
+        raise ConfigError(
+            "set only one of train.generation_batch_size and train.steps_per_generation, not both"
+        )
+    if train.generation_batch_size is not None:
+        if train.generation_batch_size % per_step:
+            raise ConfigError(
+                f"train.generation_batch_size={train.generation_batch_size} must be a multiple of "
+                f"train.per_device_train_batch_size={per_step}"
+            )
+        return train.generation_batch_size, train.generation_batch_size // per_step
+    spg = train.steps_per_generation or train.gradient_accumulation_steps
+    return per_step * spg, spg
+
+
+def validate_train(train: Any) -> None:
+    positive = ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+                "num_iterations", "max_completion_length", "logging_steps", "save_steps")
+    for key in positive:
+        value = getattr(train, key)
+        _require(value >= 1, f"train.{key}={value} must be a positive integer")
+    _require(train.num_generations >= 2,
+             f"train.num_generations={train.num_generations} must be at least 2 (GRPO compares completions within a group)")
+    _require(math.isfinite(train.learning_rate) and train.learning_rate > 0,
+             f"train.learning_rate={train.learning_rate} must be a positive number")
+    _require(train.temperature > 0, f"train.temperature={train.temperature} must be > 0")
+    _require(0 < train.top_p <= 1, f"train.top_p={train.top_p} must be in (0, 1]")
+    _require(train.beta >= 0, f"train.beta={train.beta} must be >= 0")
+    _choice("train.precision", train.precision, PRECISIONS)
+    _choice("train.loss_type", train.loss_type,
+            ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"))
+    _choice("train.scale_rewards", train.scale_rewards, ("group", "batch", "none"))
+    gen_batch, _ = generation_batch(train)
+    if gen_batch % train.num_generations:
+        divisors = [d for d in range(2, gen_batch + 1) if gen_batch % d == 0]
+        raise ConfigError(
+            f"train.num_generations={train.num_generations} does not divide the generation batch of {gen_batch} "
+            f"completions (train.per_device_train_batch_size x steps_per_generation); use one of "
+            f"{', '.join(map(str, divisors))} or change the batch size"
+        )
+    extra = OmegaConf.to_container(train.extra) if isinstance(train.extra, DictConfig) else dict(train.extra or {})
+    if extra:
+        from trl import GRPOConfig
+
+        known = {f.name for f in dataclasses.fields(GRPOConfig)}
+        unknown = sorted(set(extra) - known)
+        _require(not unknown, f"train.extra has keys that GRPOConfig does not know: {', '.join(unknown)}")
+        clash = sorted(set(extra) & {f.name for f in dataclasses.fields(TrainConfig)})
+        _require(not clash, f"set {', '.join(clash)} as train.<name>, not inside train.extra")
+
+
+def validate(cfg: Any) -> None:
+    """Semantic checks that need no model: raise ConfigError with a one-line message on the first problem."""
+    from grpo_exp import rewards
+
+    _choice("model.source", cfg.model.source, MODEL_SOURCES)
+    if cfg.model.source == "pretrained":
+        _require(bool(cfg.model.id), "model.id is empty; give a hub id (org/name) or a local model directory")
+    if cfg.model.source == "packaged_gguf":
+        _require(bool(cfg.model.package), "model.package is empty; name the pip package that holds the GGUF")
+    _choice("stage.dataset", cfg.stage.dataset, DATASETS)
+    if cfg.stage.dataset == "gsm8k" and cfg.stage.path:
+        _require(Path(cfg.stage.path).exists(),
+                 f"stage.path={cfg.stage.path} does not exist; give a GSM8K JSONL file or a directory "
+                 f"with train.jsonl/test.jsonl, or leave it empty to load {cfg.stage.hub_id} from the hub")
+    _require(cfg.stage.num_train >= 1, f"stage.num_train={cfg.stage.num_train} must be >= 1")
+    _choice("quantization.method", cfg.quantization.method, QUANT_METHODS)
+    _choice("logger.name", cfg.logger.name, LOGGERS)
+    _choice("logger.mode", cfg.logger.mode, ("offline", "online", "disabled"))
+    resolve_threads(cfg.cpu.threads)
+    _require(cfg.cpu.interop_threads >= 1, f"cpu.interop_threads={cfg.cpu.interop_threads} must be >= 1")
+    _require(cfg.completions_every >= 1, f"completions_every={cfg.completions_every} must be >= 1")
+    validate_train(cfg.train)
+    try:
+        rewards.build(list(cfg.reward.funcs), None if cfg.reward.weights is None else list(cfg.reward.weights))
+    except rewards.RewardConfigError as err:
+        raise ConfigError(str(err)) from None
