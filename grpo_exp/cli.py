@@ -72,8 +72,12 @@ def _one_line(err: BaseException) -> str:
     return ": ".join(parts)
 
 
-def check_overrides(config_name: str, args: list[str]) -> None:
-    """Compose once with the user's overrides so type and key errors surface as one line."""
+def check_overrides(config_name: str, args: list[str], validate: Callable | None = None) -> None:
+    """Compose once with the user's overrides so type, key and value errors surface as one line.
+
+    `validate(cfg)` runs the semantic checks on the composed config, still before any model loads
+    and before Hydra creates a run directory.
+    """
     from hydra import compose, initialize_config_dir
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
@@ -84,7 +88,7 @@ def check_overrides(config_name: str, args: list[str]) -> None:
     overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
-            compose(config_name=config_name, overrides=overrides)
+            cfg = compose(config_name=config_name, overrides=overrides)
         except Exception as err:
             cause = err.__cause__ or err
             bad = next((a for a in overrides if a.split("=", 1)[0].lstrip("+~") in str(err)), None)
@@ -92,12 +96,14 @@ def check_overrides(config_name: str, args: list[str]) -> None:
                 key = bad.split("=", 1)[0].lstrip("+~")
                 raise ConfigError(f"unknown config key '{key}'{_valid_keys(config_name, key)}") from None
             raise ConfigError(_one_line(err)) from None
+        if validate is not None:
+            validate(cfg)
 
 
-def guarded(main: Callable[[], None], config_name: str) -> None:
+def guarded(main: Callable[[], None], config_name: str, validate: Callable | None = None) -> None:
     """Run a Hydra main after the pre-check; bad input exits 2 with one line on stderr."""
     try:
-        check_overrides(config_name, sys.argv[1:])
+        check_overrides(config_name, sys.argv[1:], validate)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None

@@ -22,7 +22,7 @@ from grpo_exp.errors import ConfigError
 
 MODEL_SOURCES = ("packaged_gguf", "pretrained", "tiny_random")
 DATASETS = ("basic", "intermediate", "advanced", "gsm8k")
-PRECISIONS = ("bf16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp32")
 QUANT_METHODS = ("none", "dynamic_int8")
 LOGGERS = ("none", "wandb")
 
@@ -102,7 +102,8 @@ class TrainConfig:
     repetition_penalty: float = 1.0
     mask_truncated_completions: bool = False
     seed: int = 42
-    precision: str = "bf16"
+    # auto: bf16 autocast where the hardware computes bf16 natively (CUDA, AVX512-BF16, AMX), else fp32
+    precision: str = "auto"
     gradient_checkpointing: bool = False
     logging_steps: int = 1
     save_steps: int = 50
@@ -122,9 +123,44 @@ class LoggerConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Ground-truth evaluation (grpo_exp.evaluate, and training runs with after_train=true)."""
+
+    after_train: bool = False
+    # names from conf/stage (basic, intermediate, advanced, gsm8k); empty: the current stage
+    sets: List[str] = field(default_factory=list)
+    limit: int = 100  # problems per set: a fixed seeded subset of the held-out split
+    batch_size: int = 16
+    max_new_tokens: Optional[int] = None  # None: each set's stage max_completion_length
+    do_sample: bool = False  # greedy by default
+    temperature: float = 1.0
+    seed: int = 0
+
+
+@dataclass
 class PathsConfig:
     output_dir: str = MISSING
     cache_dir: str = MISSING
+
+
+EWC_DEFAULTS = {
+    "lambda": 0.0,  # 0 = no EWC: no penalty and no Fisher estimate
+    "gamma": 1.0,  # online EWC decay of the old Fisher: F <- gamma * F_old + F_new
+    "fisher_samples": 32,  # sampled completions (one gradient each) per Fisher estimate
+    "fisher_batch_size": 8,  # prompts per sampling batch (gradients are still per sequence)
+    "fisher_max_new_tokens": None,  # None: the stage's train.max_completion_length
+    "include_embeddings": False,  # the tied embedding/LM head dominates parameter count; leave it out by default
+}
+
+
+@dataclass
+class CurriculumConfig:
+    name: str = "none"
+    # stage option names run in order, each continuing from the last; empty: a single-stage run
+    stages: List[str] = field(default_factory=list)
+    eval_limit: int = 100  # held-out problems per stage in the accuracy matrix
+    eval_batch_size: int = 16
+    eval_base: bool = True  # also evaluate the starting model (row "base" of the matrix)
 
 
 @dataclass
@@ -137,7 +173,13 @@ class RunConfig:
     cpu: CpuConfig = field(default_factory=CpuConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    # `lambda` is a Python keyword, so this node is a checked dict rather than a dataclass
+    ewc: Any = field(default_factory=lambda: dict(EWC_DEFAULTS))
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    # a run directory (or its model/) to continue from, with its EWC state when ewc.lambda > 0
+    init_from: Optional[str] = None
     # rows of prompts/completions/rewards kept in completions.jsonl, every `completions_every` steps
     completions_every: int = 5
 
@@ -170,6 +212,19 @@ def resolve_threads(threads: Any) -> int:
     if n < 1 or str(n) != str(threads).strip():
         raise ConfigError(f"cpu.threads={threads!r} is not valid; use 'auto' or a positive integer")
     return n
+
+
+def resolve_precision(precision: str) -> str:
+    """bf16 only pays where the hardware has bf16 arithmetic: without it (AVX2-only CPUs) torch
+    emulates bf16 matmuls and a training step runs tens of times slower than in fp32."""
+    if precision != "auto":
+        return precision
+    import torch
+
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "bf16" if native else "fp32"
 
 
 def generation_batch(train: Any) -> tuple[int, int]:
@@ -226,6 +281,25 @@ def validate_train(train: Any) -> None:
         _require(not clash, f"set {', '.join(clash)} as train.<name>, not inside train.extra")
 
 
+def validate_ewc(ewc: Any) -> None:
+    keys = set(ewc.keys())
+    unknown = sorted(keys - set(EWC_DEFAULTS))
+    _require(not unknown, f"unknown ewc key(s) {', '.join(unknown)}; valid keys: {', '.join(EWC_DEFAULTS)}")
+    for key in ("lambda", "gamma"):
+        value = ewc.get(key, EWC_DEFAULTS[key])
+        _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                 and value >= 0, f"ewc.{key}={value!r} must be a finite number >= 0")
+    for key in ("fisher_samples", "fisher_batch_size"):
+        value = ewc.get(key, EWC_DEFAULTS[key])
+        _require(isinstance(value, int) and value >= 1, f"ewc.{key}={value!r} must be a positive integer")
+
+
+def ewc_settings(cfg: Any) -> dict:
+    """The ewc node with defaults filled in, as plain Python values."""
+    values = OmegaConf.to_container(cfg.ewc, resolve=True) if isinstance(cfg.ewc, DictConfig) else dict(cfg.ewc)
+    return {**EWC_DEFAULTS, **values}
+
+
 def validate(cfg: Any) -> None:
     """Semantic checks that need no model: raise ConfigError with a one-line message on the first problem."""
     from grpo_exp import rewards
@@ -248,6 +322,16 @@ def validate(cfg: Any) -> None:
     _require(cfg.cpu.interop_threads >= 1, f"cpu.interop_threads={cfg.cpu.interop_threads} must be >= 1")
     _require(cfg.completions_every >= 1, f"completions_every={cfg.completions_every} must be >= 1")
     validate_train(cfg.train)
+    validate_ewc(cfg.ewc)
+    if cfg.curriculum.stages:
+        from grpo_exp.cli import group_options
+
+        for stage in cfg.curriculum.stages:
+            _choice("curriculum.stages entry", stage, tuple(group_options("stage")))
+        _require(cfg.curriculum.eval_limit >= 1, f"curriculum.eval_limit={cfg.curriculum.eval_limit} must be >= 1")
+    if cfg.init_from:
+        _require(Path(cfg.init_from).exists(), f"init_from={cfg.init_from} does not exist; give the run directory "
+                 f"of an earlier stage (it holds model/)")
     try:
         rewards.build(list(cfg.reward.funcs), None if cfg.reward.weights is None else list(cfg.reward.weights))
     except rewards.RewardConfigError as err:

@@ -8,6 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from grpo_exp.errors import ConfigError
+
 
 def write_json(path: str | Path, data) -> None:
     """Write to a temporary file beside `path`, then rename: readers never see half a file."""
@@ -52,3 +54,16 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return []
     with path.open() as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def resolve_init(init_from: str | None) -> tuple[Path, Path] | None:
+    """(model directory, directory holding the EWC state) for `init_from` = a run dir or its model/."""
+    if not init_from:
+        return None
+    path = Path(init_from)
+    if (path / "model" / "config.json").is_file():
+        return path / "model", path
+    if (path / "config.json").is_file():
+        return path, path.parent
+    raise ConfigError(f"init_from={init_from} holds no model (expected {path}/model/config.json); "
+                      f"give the run directory of a finished stage")

@@ -17,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from grpo_exp.config import resolve_precision
+
 # TrainConfig fields that are not GRPOConfig fields of the same name.
 _NOT_GRPO_FIELDS = {"precision", "extra"}
 
@@ -33,8 +35,11 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
     """Map `cfg.train` onto GRPOConfig; names are shared, so this is mostly a copy."""
     values = OmegaConf.to_container(train_cfg, resolve=True) if isinstance(train_cfg, DictConfig) else dict(train_cfg)
     extra = values.pop("extra", None) or {}
-    precision = values.pop("precision")
+    precision = resolve_precision(values.pop("precision"))
     kwargs = {k: v for k, v in values.items() if k not in _NOT_GRPO_FIELDS}
+    # transformers 5 renamed gradient_checkpointing; passing the new name avoids a deprecation warning,
+    # and TRL's own default (True) would otherwise slow a small CPU model by ~20%.
+    kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
     kwargs.update(extra)
     # transformers only allows bf16 autocast on the CPU when told the run is CPU-only.
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
@@ -68,10 +73,15 @@ class GrpoExpTrainer(GRPOTrainer):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if self.extra_loss is None or not model.training:
             return loss
+        return loss + self.extra_loss_term(model)
+
+    def extra_loss_term(self, model) -> torch.Tensor:
+        """The extra term for one micro-batch: logged at full value, added at 1/accumulation steps."""
         term = self.extra_loss(model)
         self._metrics["train"][self.extra_loss.name].append(float(term.detach()))
-        # TRL scales the policy loss for gradient accumulation itself (HF auto-scaling is off), so scale ours too.
-        return loss + term / self.current_gradient_accumulation_steps
+        # TRL scales the policy loss for gradient accumulation itself (HF auto-scaling is off), so scale ours too:
+        # the accumulated gradient then equals one full-batch gradient of the term.
+        return term / self.current_gradient_accumulation_steps
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
         step = self.state.global_step

@@ -7,10 +7,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from grpo_exp.errors import ConfigError
+
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 
 
-class DataFileError(ValueError):
+class DataFileError(ConfigError):
     """A data source could not be read; the message is one line saying where and why."""
 
 

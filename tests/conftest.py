@@ -1,0 +1,37 @@
+"""Shared fixtures: configs composed with Hydra's compose API, as the entrypoint composes them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+import grpo_exp.config  # noqa: F401  (registers the schema)
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = ROOT / "conf"
+SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+
+
+def compose_cfg(overrides: list[str], output_dir: Path | str, config_name: str = "train"):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=[*overrides, f"paths.output_dir={output_dir}"])
+
+
+@pytest.fixture
+def smoke_cfg(tmp_path):
+    """The 2-step tiny-model config, writing into a fresh temporary run directory."""
+    return compose_cfg(["debug=smoke"], tmp_path / "run")
+
+
+def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m module args...` from the repo root, as a user would."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
