@@ -184,9 +184,19 @@ class RunConfig:
     completions_every: int = 5
 
 
+@dataclass
+class EvaluateRunConfig(RunConfig):
+    """Root of `python -m grpo_exp.evaluate`: the training config plus the model to evaluate."""
+
+    task_name: str = "evaluate"
+    # a run directory holding model/, or a model directory; None: the base model of the `model` option
+    checkpoint: Optional[str] = None
+
+
 def register_configs() -> None:
-    """Make the schema available to the defaults list as `train_schema`."""
+    """Make the schemas available to the defaults lists as `train_schema` and `evaluate_schema`."""
     ConfigStore.instance().store(name="train_schema", node=RunConfig)
+    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateRunConfig)
 
 
 register_configs()
@@ -300,6 +310,21 @@ def ewc_settings(cfg: Any) -> dict:
     return {**EWC_DEFAULTS, **values}
 
 
+def validate_eval(ev: Any) -> None:
+    """The eval node: known set names (options of conf/stage) and sane sizes."""
+    from grpo_exp.cli import group_options
+
+    valid = group_options("stage")
+    for name in ev.sets:
+        _require(name in valid, f"unknown eval set '{name}' in eval.sets; valid sets: {', '.join(valid)}")
+    for key in ("limit", "batch_size"):
+        value = getattr(ev, key)
+        _require(value >= 1, f"eval.{key}={value} must be a positive integer")
+    _require(ev.max_new_tokens is None or ev.max_new_tokens >= 1,
+             f"eval.max_new_tokens={ev.max_new_tokens} must be a positive integer or null (the stage's length)")
+    _require(math.isfinite(ev.temperature) and ev.temperature > 0, f"eval.temperature={ev.temperature} must be > 0")
+
+
 def validate(cfg: Any) -> None:
     """Semantic checks that need no model: raise ConfigError with a one-line message on the first problem."""
     from grpo_exp import rewards
@@ -314,7 +339,8 @@ def validate(cfg: Any) -> None:
         _require(Path(cfg.stage.path).exists(),
                  f"stage.path={cfg.stage.path} does not exist; give a GSM8K JSONL file or a directory "
                  f"with train.jsonl/test.jsonl, or leave it empty to load {cfg.stage.hub_id} from the hub")
-    _require(cfg.stage.num_train >= 1, f"stage.num_train={cfg.stage.num_train} must be >= 1")
+    if cfg.stage.dataset != "gsm8k":  # for GSM8K, 0 means the whole split
+        _require(cfg.stage.num_train >= 1, f"stage.num_train={cfg.stage.num_train} must be >= 1")
     _choice("quantization.method", cfg.quantization.method, QUANT_METHODS)
     _choice("logger.name", cfg.logger.name, LOGGERS)
     _choice("logger.mode", cfg.logger.mode, ("offline", "online", "disabled"))
@@ -323,6 +349,7 @@ def validate(cfg: Any) -> None:
     _require(cfg.completions_every >= 1, f"completions_every={cfg.completions_every} must be >= 1")
     validate_train(cfg.train)
     validate_ewc(cfg.ewc)
+    validate_eval(cfg.eval)
     if cfg.curriculum.stages:
         from grpo_exp.cli import group_options
 

@@ -16,8 +16,27 @@ from transformers import TrainerCallback
 
 
 def peak_rss_mb() -> float:
-    """The kernel's high-water mark of this process's resident memory (ru_maxrss is KiB on Linux)."""
+    """The kernel's high-water mark of this process's resident memory since the last `reset_peak_rss()`
+    (VmHWM; ru_maxrss, in KiB on Linux, where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def reset_peak_rss() -> bool:
+    """Restart the high-water mark at the current RSS (Linux >= 4.0), so each stage and each job of a
+    Hydra multirun (all in one process) reports its own peak, not the largest of the earlier ones."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
 
 
 class ResourceSampler:

@@ -16,7 +16,7 @@ import torch
 
 from grpo_exp import cpu, data, ewc, models, rewards
 from grpo_exp.config import ewc_settings, resolve_precision, validate
-from grpo_exp.monitor import MonitorCallback
+from grpo_exp.monitor import MonitorCallback, reset_peak_rss
 from grpo_exp.runio import resolve_init, save_model_dir, write_json
 from grpo_exp.trainer import GracefulStop, build_trainer, completions_per_step
 
@@ -46,6 +46,7 @@ def train(cfg, step_offset: int = 0) -> dict:
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    reset_peak_rss()  # this stage's peak, not the process's (sweep jobs share one process)
 
     threads = cpu.apply(cfg.cpu)
     seed_everything(cfg.train.seed)
