@@ -180,6 +180,10 @@ class RunConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     # a run directory (or its model/) to continue from, with its EWC state when ewc.lambda > 0
     init_from: Optional[str] = None
+    # false, true (continue the run in paths.output_dir = hydra.run.dir) or the run directory to continue
+    resume: Any = False
+    # a NaN/inf loss or reward: stop (keeping the last checkpoint) or skip that batch's update
+    on_nonfinite: str = "stop"
     # rows of prompts/completions/rewards kept in completions.jsonl, every `completions_every` steps
     completions_every: int = 5
 
@@ -346,6 +350,9 @@ def validate(cfg: Any) -> None:
     _choice("logger.mode", cfg.logger.mode, ("offline", "online", "disabled"))
     resolve_threads(cfg.cpu.threads)
     _require(cfg.cpu.interop_threads >= 1, f"cpu.interop_threads={cfg.cpu.interop_threads} must be >= 1")
+    _choice("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
+    _require(isinstance(cfg.resume, bool) or (isinstance(cfg.resume, str) and Path(cfg.resume).is_dir()),
+             f"resume={cfg.resume!r} must be true, false or an existing run directory")
     _require(cfg.completions_every >= 1, f"completions_every={cfg.completions_every} must be >= 1")
     validate_train(cfg.train)
     validate_ewc(cfg.ewc)

@@ -5,22 +5,24 @@ Lopez-Paz & Ranzato 2017) and forgetting (Chaudhry et al. 2018)."""
 from __future__ import annotations
 
 import gc
+import json
 from pathlib import Path
 
 from grpo_exp import models
 from grpo_exp.config import validate
 from grpo_exp.evaluation import evaluate
 from grpo_exp.runio import write_json
-from grpo_exp.training import stage_examples, train
+from grpo_exp.training import finished_metrics, stage_examples, train
 
 # Overrides that the curriculum sets per stage itself.
-_PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir")
+_PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resume")
 
 
-def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None) -> list[str]:
+def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None,
+                    resume: bool = False) -> list[str]:
     kept = [o for o in user_overrides
             if not o.lstrip("+~").split("=", 1)[0].startswith(_PER_STAGE_KEYS) and not o.startswith("hydra")]
-    extra = [f"stage={stage}", "curriculum=none", f"paths.output_dir={out_dir}"]
+    extra = [f"stage={stage}", "curriculum=none", f"paths.output_dir={out_dir}", f"resume={str(resume).lower()}"]
     if init_from:
         extra.append(f"init_from={init_from}")
     return [*kept, *extra]
@@ -94,15 +96,27 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
 
     result = {"stages": stages, "ewc_lambda": cfg.ewc["lambda"], "model": cfg.model.name, "seed": cfg.train.seed,
               "eval_limit": limit, "matrix": [], "base": None, "stage_metrics": []}
+    earlier = _earlier_result(root, stages) if cfg.resume else None
     if cfg.curriculum.eval_base:
-        base = _evaluate_dir(cfg.model, cfg.paths.cache_dir, cfg.init_from and str(cfg.init_from), stage_cfgs,
-                             limit, batch, cfg.train.seed)
-        result["base"] = [m["accuracy"] for m in base]
+        if earlier and earlier.get("base"):
+            result["base"] = earlier["base"]
+        else:
+            base = _evaluate_dir(cfg.model, cfg.paths.cache_dir, cfg.init_from and str(cfg.init_from), stage_cfgs,
+                                 limit, batch, cfg.train.seed)
+            result["base"] = [m["accuracy"] for m in base]
     previous = cfg.init_from
     step_offset = 0
     for i, stage in enumerate(stages):
         out_dir = root / f"{i + 1}_{stage}"
-        stage_cfg = compose_stage(stage_overrides(user_overrides, stage, out_dir, previous))
+        done = earlier["stage_metrics"][i] if earlier and i < len(earlier["stage_metrics"]) else None
+        if done is not None and finished_metrics(out_dir) is not None:
+            print(f"[grpo-exp] curriculum stage {i + 1}/{len(stages)}: {stage} already finished; kept", flush=True)
+            result["matrix"].append(earlier["matrix"][i])
+            result["stage_metrics"].append(done)
+            step_offset += done["steps"]
+            previous = str(out_dir)
+            continue
+        stage_cfg = compose_stage(stage_overrides(user_overrides, stage, out_dir, previous, bool(cfg.resume)))
         print(f"[grpo-exp] curriculum stage {i + 1}/{len(stages)}: {stage} -> {out_dir}", flush=True)
         metrics = train(stage_cfg, step_offset=step_offset)
         step_offset += metrics["steps"]
@@ -113,7 +127,7 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         result["stage_metrics"].append({"stage": stage, "dir": str(out_dir), "reward_mean_first": metrics["reward_mean_first"],
                                         "reward_mean_last": metrics["reward_mean_last"], "steps": metrics["steps"],
                                         "eval": evals})
-        write_json(out_dir / "eval.json", {"sets": {s: m for s, m in zip(stages, evals)}})
+        write_json(out_dir / "curriculum_eval.json", {"sets": {s: m for s, m in zip(stages, evals)}})
         previous = str(out_dir)
         write_json(root / "curriculum.json", result)  # kept current so a killed run leaves what it measured
 
@@ -126,6 +140,15 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     print(f"average accuracy {result['average_accuracy']:.3f}  BWT {_fmt(result['bwt'])}  "
           f"max forgetting {_fmt(result['forgetting_max'])}")
     return result
+
+
+def _earlier_result(root: Path, stages: list[str]) -> dict | None:
+    """curriculum.json of an interrupted run of the same stages, if any."""
+    path = root / "curriculum.json"
+    if not path.is_file():
+        return None
+    earlier = json.loads(path.read_text())
+    return earlier if earlier.get("stages") == stages else None
 
 
 def _fmt(value) -> str:

@@ -1,5 +1,9 @@
-"""The one exception type for bad user input, printed as a single line by the entrypoints."""
+"""Exceptions the entrypoints print as a single line: bad user input, and a run that halted itself."""
 
 
 class ConfigError(ValueError):
     """A configuration value or input file is invalid; the message names the value and the fix."""
+
+
+class TrainingHalted(RuntimeError):
+    """Training stopped itself (a NaN/inf loss or reward); the last good checkpoint is kept."""

@@ -97,6 +97,12 @@ class MonitorCallback(TrainerCallback):
         self._step_start: float | None = None
         self._last_step_time: float | None = None
 
+    def continue_from(self, rows: list[dict]) -> None:
+        """A resumed run: the history up to its checkpoint counts towards the summary."""
+        self.rows = list(rows)
+        self.step_times = [r["step_time_s"] for r in rows if r.get("step_time_s")]
+        self.completion_tokens = [r["completion_tokens"] for r in rows if r.get("completion_tokens")]
+
     def on_train_begin(self, args, state, control, **kwargs):
         if not self.sampler._thread.is_alive() and not self.sampler._stop.is_set():
             self.sampler.start()

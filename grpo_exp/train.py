@@ -13,16 +13,21 @@ import hydra
 from omegaconf import DictConfig
 
 from grpo_exp import config as _schemas  # noqa: F401  (registers the structured-config schema)
-from grpo_exp.cli import EXIT_BAD_INPUT, guarded, report_config_error
-from grpo_exp.errors import ConfigError
+from grpo_exp.cli import CONF_DIR, EXIT_BAD_INPUT, guarded, report_config_error
+from grpo_exp.errors import ConfigError, TrainingHalted
 from grpo_exp.runio import write_json
 
 # Offline machines would otherwise stall on usage pings to the hub.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
+EXIT_HALTED = 3
+
+
 def run(cfg: DictConfig, overrides: list[str]) -> dict:
     """One stage, or the whole curriculum when cfg.curriculum.stages is set."""
+    if isinstance(cfg.resume, str):  # resume=<run dir>: continue that directory, not the new Hydra one
+        cfg.paths.output_dir = cfg.resume
     if cfg.curriculum.stages:
         from grpo_exp.curriculum import run_curriculum
 
@@ -32,7 +37,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> dict:
     return train(cfg)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -42,12 +47,12 @@ def main(cfg: DictConfig) -> float | None:
     started = time.time()
     try:
         result = run(cfg, list(hydra_cfg.overrides.task))
-    except ConfigError as err:
+    except (ConfigError, TrainingHalted) as err:
         record_status(hydra_cfg, "failed", started, err)
         report_config_error(err)
         if multirun:
             raise  # the sweep records this job as failed and runs the others
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(EXIT_BAD_INPUT if isinstance(err, ConfigError) else EXIT_HALTED)
     except BaseException as err:
         interrupted = isinstance(err, (KeyboardInterrupt, SystemExit))
         record_status(hydra_cfg, "interrupted" if interrupted else "failed", started, err)

@@ -8,6 +8,8 @@ sample of prompts, completions and rewards in the run directory.
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import signal
 from pathlib import Path
 from typing import Callable, Protocol
@@ -15,8 +17,10 @@ from typing import Callable, Protocol
 import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
+from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOConfig, GRPOTrainer
 
+from grpo_exp import checkpoints
 from grpo_exp.config import resolve_precision
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
@@ -60,20 +64,82 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
     )
 
 
+class NonFiniteError(RuntimeError):
+    """A loss or reward was NaN/inf; training stops before the bad update and keeps the last checkpoint."""
+
+
+NONFINITE_POLICIES = ("stop", "skip")
+
+
 class GrpoExpTrainer(GRPOTrainer):
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
-                 completions_every: int = 5, **kwargs):
+                 completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None, **kwargs):
+        self.on_nonfinite = on_nonfinite
+        self._skip_batch = False
+        self.skipped_batches = 0
+        kwargs["reward_funcs"] = [self._guard_reward(f) for f in kwargs["reward_funcs"]]
         super().__init__(*args, **kwargs)
         self.extra_loss = extra_loss
         self.completions_path = Path(completions_path) if completions_path else None
         self.completions_every = completions_every
+        self.run_state = run_state or {}
         self._last_sampled_step = -1
+
+    def _guard_reward(self, func: Callable) -> Callable:
+        """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
+
+        def guarded(*args, **kwargs):
+            values = func(*args, **kwargs)
+            bad = [v for v in values if v is not None and not math.isfinite(v)]
+            if bad:
+                where = f"reward function '{func.__name__}' returned {bad[0]} at step {self.state.global_step + 1}"
+                if self.on_nonfinite == "stop":
+                    raise NonFiniteError(f"{where}; stopped, last good checkpoint kept "
+                                         f"(on_nonfinite=skip drops such batches instead)")
+                self._skip_batch = True
+                values = [0.0 if v is not None and not math.isfinite(v) else v for v in values]
+            return values
+
+        guarded.__name__ = func.__name__
+        return guarded
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        if self.extra_loss is None or not model.training:
-            return loss
-        return loss + self.extra_loss_term(model)
+        if self.extra_loss is not None and model.training:
+            loss = loss + self.extra_loss_term(model)
+        if model.training and (self._skip_batch or not torch.isfinite(loss)):
+            if self.on_nonfinite == "stop":
+                raise NonFiniteError(f"non-finite loss ({float(loss)}) at step {self.state.global_step + 1}; "
+                                     f"stopped, last good checkpoint kept")
+            self.skipped_batches += 1
+            # A zero that still belongs to the graph: backward runs and leaves every gradient at zero.
+            return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
+        return loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self._skip_batch = False
+
+    def _save_checkpoint(self, model, trial):
+        """HF's checkpoint, written into a staging directory and renamed into place when complete."""
+        run_dir = Path(self._get_output_dir(trial=trial))
+        final = run_dir / f"checkpoint-{self.state.global_step}"
+        staging = checkpoints.staging_dir(final)
+        staging.mkdir(parents=True, exist_ok=True)
+        original = self.args.output_dir
+        self.args.output_dir = str(staging)  # HF writes <output_dir>/checkpoint-N; point it at the staging area
+        try:
+            super()._save_checkpoint(model, trial)
+            written = staging / final.name
+            checkpoints.write_state(written, {**self.run_state, "global_step": self.state.global_step})
+            checkpoints.publish(written, final)
+        finally:
+            self.args.output_dir = original
+            shutil.rmtree(staging, ignore_errors=True)
+        rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                           best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
 
     def extra_loss_term(self, model) -> torch.Tensor:
         """The extra term for one micro-batch: logged at full value, added at 1/accumulation steps."""
@@ -138,7 +204,7 @@ class GracefulStop(TrainerCallback):
 
 def build_trainer(cfg, model, tokenizer, train_dataset, reward_funcs: list[Callable], reward_weights: list[float],
                   output_dir: str | Path, callbacks: list[TrainerCallback], extra_loss: LossTerm | None = None,
-                  report_to: list[str] | None = None) -> GrpoExpTrainer:
+                  report_to: list[str] | None = None, run_state: dict | None = None) -> GrpoExpTrainer:
     """The one place a trainer is made from a config."""
     args = grpo_config(cfg.train, Path(output_dir) / "checkpoints", reward_weights, report_to or [])
     return GrpoExpTrainer(
@@ -151,6 +217,8 @@ def build_trainer(cfg, model, tokenizer, train_dataset, reward_funcs: list[Calla
         extra_loss=extra_loss,
         completions_path=Path(output_dir) / "completions.jsonl",
         completions_every=cfg.completions_every,
+        on_nonfinite=cfg.on_nonfinite,
+        run_state=run_state,
     )
 
 

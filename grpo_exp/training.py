@@ -6,6 +6,7 @@ which calls it once per stage).
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
@@ -14,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo_exp import cpu, data, ewc, models, rewards
+from grpo_exp import checkpoints, cpu, data, ewc, models, rewards
 from grpo_exp.config import ewc_settings, resolve_precision, validate
 from grpo_exp.monitor import MonitorCallback, reset_peak_rss
-from grpo_exp.runio import resolve_init, save_model_dir, write_json
-from grpo_exp.trainer import GracefulStop, build_trainer, completions_per_step
+from grpo_exp.errors import ConfigError, TrainingHalted
+from grpo_exp.runio import read_jsonl, resolve_init, save_model_dir, write_json
+from grpo_exp.trainer import GracefulStop, NonFiniteError, build_trainer, completions_per_step
 
 
 def seed_everything(seed: int) -> None:
@@ -36,15 +38,25 @@ def stage_examples(cfg, split: str, stage_cfg=None) -> list[dict]:
 
 
 def train(cfg, step_offset: int = 0) -> dict:
-    """Validate, load, train, save (and estimate the Fisher when EWC is on). Returns metrics.json's content."""
+    """Validate, load, train, save (and estimate the Fisher when EWC is on). Returns metrics.json's content.
+
+    With `resume` set, a finished stage returns its metrics untouched and an unfinished one continues
+    from its last complete checkpoint.
+    """
     validate(cfg)
     models.check_available(cfg.model, cfg.paths.cache_dir)
+    run_dir = Path(cfg.paths.output_dir)
+    ensure_writable(run_dir)
+    if cfg.resume:
+        finished = finished_metrics(run_dir)
+        if finished is not None:
+            print(f"[grpo-exp] {run_dir} already finished stage {finished.get('stage')}; not retrained", flush=True)
+            return finished
     ewc_cfg = ewc_settings(cfg)
     init = resolve_init(cfg.init_from)
     # Loaded before the model so a missing Fisher fails before anything heavy happens.
     ewc_state = ewc.EwcState.load(init[1]) if init and ewc_cfg["lambda"] > 0 else None
-    run_dir = Path(cfg.paths.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    resume_from = _prepare_resume(run_dir) if cfg.resume else None
     started = time.time()
     reset_peak_rss()  # this stage's peak, not the process's (sweep jobs share one process)
 
@@ -59,15 +71,127 @@ def train(cfg, step_offset: int = 0) -> dict:
 
     monitor = MonitorCallback(run_dir / "history.jsonl", completions_per_step(cfg.train),
                               step_offset=step_offset, stage=cfg.stage.name)
+    if resume_from is not None:
+        monitor.continue_from(read_jsonl(run_dir / "history.jsonl"))
     tracker = _start_tracking(cfg, run_dir, step_offset)
+    run_state = {"stage": cfg.stage.name, "step_offset": step_offset, "init_from": str(init[0]) if init else None,
+                 "ewc_state": str(init[1] / ewc.FISHER_FILE) if ewc_state is not None else None,
+                 "ewc_lambda": ewc_cfg["lambda"]}
     try:
-        metrics = _train_and_save(cfg, tracker, model, tokenizer, train_dataset, train_examples, reward_funcs,
-                                  reward_weights, monitor, penalty, ewc_cfg, ewc_state, init, threads, run_dir, started)
+        stage = StageRun(cfg, run_dir, tokenizer, reward_funcs, monitor, ewc_cfg, ewc_state, penalty, started)
+        trainer = stage.build(model, train_dataset, reward_weights, tracker, run_state)
+        metrics = stage.train_and_save(trainer, resume_from, train_examples, init, threads)
     except BaseException:
         _finish_tracking(tracker, None, failed=True)
         raise
     _finish_tracking(tracker, metrics, failed=False)
     return metrics
+
+
+def ensure_writable(run_dir: Path) -> None:
+    """Fail with one line now rather than after an hour of training."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"cannot write to the output directory {run_dir}: {err.strerror or err}; "
+                          f"choose another with hydra.run.dir=<dir>") from None
+
+
+def finished_metrics(run_dir: Path) -> dict | None:
+    """metrics.json of a completed stage whose model/ is in place, else None."""
+    path = run_dir / "metrics.json"
+    if not path.is_file() or not (run_dir / "model" / "config.json").is_file():
+        return None
+    metrics = json.loads(path.read_text())
+    return metrics if metrics.get("status") == "completed" else None
+
+
+def _prepare_resume(run_dir: Path) -> Path | None:
+    """The last complete checkpoint, with run files cut back to it; None: nothing to resume, start fresh."""
+    ckpt_dir = run_dir / "checkpoints"
+    for leftover in checkpoints.remove_staging(ckpt_dir):
+        print(f"[grpo-exp] removed an incomplete checkpoint left by a crash: {leftover.name}", flush=True)
+    last = checkpoints.last_checkpoint(ckpt_dir)
+    if last is None:
+        print(f"[grpo-exp] no complete checkpoint in {ckpt_dir}; starting this stage from the beginning", flush=True)
+        for name in ("history.jsonl", "completions.jsonl"):
+            checkpoints.truncate_jsonl(run_dir / name, 0)
+        return None
+    step = checkpoints.checkpoint_step(last)
+    for name in ("history.jsonl", "completions.jsonl"):
+        checkpoints.truncate_jsonl(run_dir / name, step)
+    print(f"[grpo-exp] resuming from {last} (step {step})", flush=True)
+    return last
+
+
+class StageRun:
+    """The pieces of one stage that building, training and saving share."""
+
+    def __init__(self, cfg, run_dir: Path, tokenizer, reward_funcs, monitor, ewc_cfg, ewc_state, penalty, started):
+        self.cfg, self.run_dir, self.tokenizer = cfg, run_dir, tokenizer
+        self.reward_funcs, self.monitor = reward_funcs, monitor
+        self.ewc_cfg, self.ewc_state, self.penalty, self.started = ewc_cfg, ewc_state, penalty, started
+        self.stopper = GracefulStop()
+
+    def build(self, model, train_dataset, reward_weights, tracker, run_state):
+        report_to = ["wandb"] if tracker is not None else []
+        trainer = build_trainer(self.cfg, model, self.tokenizer, train_dataset, self.reward_funcs, reward_weights,
+                                output_dir=self.run_dir, callbacks=[self.monitor, self.stopper],
+                                extra_loss=self.penalty, report_to=report_to, run_state=run_state)
+        if tracker is not None:
+            tracker.attach(trainer, self.monitor)  # cumulative step axis + the monitor's resource figures
+        return trainer
+
+    def train_and_save(self, trainer, resume_from: Path | None, train_examples, init, threads) -> dict:
+        cfg, run_dir = self.cfg, self.run_dir
+        self.stopper.install()
+        try:
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        except NonFiniteError as err:
+            raise TrainingHalted(str(err)) from None
+        finally:
+            self.stopper.uninstall()
+            self.monitor.sampler.stop()
+
+        save_model_dir(trainer.model, self.tokenizer, run_dir / "model")
+        metrics = {
+            "status": "interrupted" if self.stopper.signal_received else "completed",
+            "model": cfg.model.name,
+            "stage": cfg.stage.name,
+            "reward_set": cfg.reward.name,
+            "init_from": str(init[0]) if init else None,
+            "resumed_from": str(resume_from) if resume_from else None,
+            **self.monitor.summary([f.__name__ for f in self.reward_funcs]),
+            "wall_time_s": None,
+            **{f"cpu_{k}": v for k, v in threads.items()},
+            "precision": resolve_precision(cfg.train.precision),
+            "torch_version": torch.__version__,
+            "ewc_lambda": self.ewc_cfg["lambda"],
+            "skipped_batches": trainer.skipped_batches,
+        }
+        if self.penalty is not None:
+            metrics["ewc_weighted_distance"] = self.penalty.weighted_distance(trainer.model)
+        if self.stopper.signal_received:
+            metrics["wall_time_s"] = time.time() - self.started
+            write_json(run_dir / "metrics.json", metrics)
+            print(f"[grpo-exp] stopped by signal after step {trainer.state.global_step}; checkpoint and model saved "
+                  f"in {run_dir}; continue with resume=true hydra.run.dir={run_dir}", file=sys.stderr)
+            raise SystemExit(128 + self.stopper.signal_received)
+
+        if self.ewc_cfg["lambda"] > 0:
+            metrics.update(consolidate_fisher(cfg, self.ewc_cfg, trainer.model, self.tokenizer, train_examples,
+                                              self.ewc_state, run_dir))
+        if cfg.eval.after_train:
+            from grpo_exp.evaluate import evaluate_after_train
+
+            metrics["eval"] = evaluate_after_train(cfg, trainer.model, self.tokenizer, run_dir)
+        metrics["wall_time_s"] = time.time() - self.started
+        # Written last: its "completed" status is what marks the stage as done for resume.
+        write_json(run_dir / "metrics.json", metrics)
+        return metrics
 
 
 def _start_tracking(cfg, run_dir: Path, step_offset: int):
@@ -84,54 +208,6 @@ def _finish_tracking(tracker, metrics: dict | None, failed: bool) -> None:
     from grpo_exp import tracking
 
     tracking.finish(tracker, metrics, failed=failed)
-
-
-def _train_and_save(cfg, tracker, model, tokenizer, train_dataset, train_examples, reward_funcs, reward_weights,
-                    monitor, penalty, ewc_cfg, ewc_state, init, threads, run_dir: Path, started: float) -> dict:
-    report_to = ["wandb"] if tracker is not None else []
-    stopper = GracefulStop().install()
-    trainer = build_trainer(cfg, model, tokenizer, train_dataset, reward_funcs, reward_weights,
-                            output_dir=run_dir, callbacks=[monitor, stopper], extra_loss=penalty, report_to=report_to)
-    if tracker is not None:
-        tracker.attach(trainer, monitor)  # cumulative step axis + the monitor's resource figures
-    try:
-        trainer.train()
-    finally:
-        stopper.uninstall()
-        monitor.sampler.stop()
-
-    save_model_dir(trainer.model, tokenizer, run_dir / "model")
-    metrics = {
-        "status": "interrupted" if stopper.signal_received else "completed",
-        "model": cfg.model.name,
-        "stage": cfg.stage.name,
-        "reward_set": cfg.reward.name,
-        "init_from": str(init[0]) if init else None,
-        **monitor.summary([f.__name__ for f in reward_funcs]),
-        "wall_time_s": None,
-        **{f"cpu_{k}": v for k, v in threads.items()},
-        "precision": resolve_precision(cfg.train.precision),
-        "torch_version": torch.__version__,
-        "ewc_lambda": ewc_cfg["lambda"],
-    }
-    if penalty is not None:
-        metrics["ewc_weighted_distance"] = penalty.weighted_distance(trainer.model)
-    if stopper.signal_received:
-        metrics["wall_time_s"] = time.time() - started
-        write_json(run_dir / "metrics.json", metrics)
-        print(f"[grpo-exp] stopped by signal after step {trainer.state.global_step}; checkpoint and model saved "
-              f"in {run_dir}", file=sys.stderr)
-        raise SystemExit(128 + stopper.signal_received)
-
-    if ewc_cfg["lambda"] > 0:
-        metrics.update(consolidate_fisher(cfg, ewc_cfg, trainer.model, tokenizer, train_examples, ewc_state, run_dir))
-    if cfg.eval.after_train:
-        from grpo_exp.evaluate import evaluate_after_train
-
-        metrics["eval"] = evaluate_after_train(cfg, trainer.model, tokenizer, run_dir)
-    metrics["wall_time_s"] = time.time() - started
-    write_json(run_dir / "metrics.json", metrics)
-    return metrics
 
 
 def consolidate_fisher(cfg, ewc_cfg: dict, model, tokenizer, examples: list[dict], old_state, run_dir: Path) -> dict:

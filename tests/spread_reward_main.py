@@ -1,0 +1,35 @@
+"""`python -m tests.spread_reward_main <overrides>`: the real train entrypoint plus test rewards.
+
+The tiny random model scores 0 on math rewards, so GRPO advantages, gradients and optimizer
+state would all be zero. These rewards have spread on random-token text (and one turns NaN on
+request), so subprocess tests can check that training state survives kills and resumes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from grpo_exp import rewards
+from grpo_exp.cli import guarded
+from grpo_exp.train import main, precheck
+
+_calls = {"n": 0}
+
+
+def vowel_fraction(completions, **kwargs):
+    texts = [rewards.completion_text(c) for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
+
+
+def nan_after(completions, **kwargs):
+    """NaN from the call number given in GRPO_EXP_TEST_NAN_AFTER on (0-based)."""
+    _calls["n"] += 1
+    bad = _calls["n"] > int(os.environ.get("GRPO_EXP_TEST_NAN_AFTER", "1000000"))
+    return [math.nan if bad else 0.0 for _ in completions]
+
+
+rewards.REGISTRY.update({"vowel_fraction": vowel_fraction, "nan_after": nan_after})
+
+if __name__ == "__main__":
+    guarded(main, "train", precheck)
