@@ -43,10 +43,14 @@ def model_size_mb(model: torch.nn.Module) -> float:
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
                          do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
-                         desc: str = "generating") -> tuple[list[str], list[int], float]:
-    """Completions for chat prompts: (texts, completion token counts, seconds spent generating)."""
+                         desc: str = "generating") -> tuple[list[str], list[int], float, int]:
+    """Completions for chat prompts: (texts, completion token counts, seconds spent generating,
+    token positions decoded). A batch decodes until its longest completion ends, so positions
+    include the padding after shorter completions' EOS: positions / seconds is the raw decoding
+    throughput, comparable between models whose answers differ in length."""
+    padding_side = tokenizer.padding_side
     tokenizer.padding_side = "left"  # decoder-only generation needs the prompt flush against the new tokens
-    texts, lengths, seconds = [], [], 0.0
+    texts, lengths, seconds, positions = [], [], 0.0, 0
     generator_seed = seed
     was_training = model.training
     model.eval()
@@ -54,7 +58,8 @@ def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new
         batch = prompts[start:start + batch_size]
         enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
                                             return_dict=True, padding=True)
-        kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
+        # use_cache: training with gradient checkpointing turns the KV cache off in the model config.
+        kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "use_cache": True}
         if do_sample:
             torch.manual_seed(generator_seed + start)
             kwargs.update(do_sample=True, temperature=temperature)
@@ -64,6 +69,7 @@ def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new
         out = model.generate(**enc, **kwargs)
         seconds += time.perf_counter() - t0
         new = out[:, enc["input_ids"].shape[1]:]
+        positions += new.numel()
         for row in new:
             ids = row.tolist()
             # Count up to and including the first EOS: the rest is padding.
@@ -71,7 +77,8 @@ def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new
             lengths.append(n)
             texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True))
     model.train(was_training)
-    return texts, lengths, seconds
+    tokenizer.padding_side = padding_side
+    return texts, lengths, seconds, positions
 
 
 def score(examples: list[dict], texts: list[str], lengths: list[int]) -> tuple[dict, list[dict]]:
@@ -124,13 +131,16 @@ def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_
              do_sample: bool = False, temperature: float = 1.0, seed: int = 0, desc: str = "eval") -> tuple[dict, list[dict]]:
     """Generate for every problem and score against its ground truth."""
     prompts = [to_messages(ex["question"], system_prompt) for ex in examples]
-    texts, lengths, seconds = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+    texts, lengths, seconds, positions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                                    batch_size=batch_size, do_sample=do_sample,
                                                    temperature=temperature, seed=seed, desc=desc)
     metrics, samples = score(examples, texts, lengths)
     metrics.update({
         "generation_s": seconds,
+        # completion tokens (up to EOS) per second: the useful output rate
         "tokens_per_s": sum(lengths) / seconds if seconds > 0 else None,
+        # every decoded position per second, padding after EOS included: the raw speed of the model
+        "decode_tokens_per_s": positions / seconds if seconds > 0 else None,
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "model_size_mb": round(model_size_mb(model), 1),
         "decoding": "sampled" if do_sample else "greedy",

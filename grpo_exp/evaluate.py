@@ -1,0 +1,309 @@
+"""Entrypoint: `python -m grpo_exp.evaluate checkpoint=<run dir> eval.sets=[basic,gsm8k] eval.limit=50` (Hydra).
+
+Ground-truth accuracy (with a Wilson 95% interval), format compliance, completion length, speed
+and memory of one model on the held-out split of each set, fp32 or `quantization=dynamic_int8`.
+Writes eval.json and eval_samples.jsonl into the run directory and prints a table.
+
+The functions here are the one code path for evaluation: this entrypoint, training runs with
+`eval.after_train=true` (`evaluate_after_train`) and `scripts/compare.py` all call them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_exp import config as _schemas  # noqa: F401  (registers the structured-config schemas)
+from grpo_exp.cli import CONF_DIR, EXIT_BAD_INPUT, guarded, report_config_error
+from grpo_exp.errors import ConfigError
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+@dataclass
+class EvalSet:
+    """One problem set: the stage option it comes from, its settings and its problems."""
+
+    name: str
+    dataset: str
+    max_new_tokens: int
+    source: str  # "generated", a JSONL path, or a hub id
+    examples: list[dict] = field(default_factory=list)
+    held_out: int = 0  # size of the held-out split the problems were taken from
+
+
+# --- checks that need no model ---------------------------------------------------------------
+
+def _has_weights(path: Path) -> bool:
+    return any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+
+
+def resolve_checkpoint(checkpoint: str | None) -> Path | None:
+    """The model directory of `checkpoint` (a run directory holding model/, or a model directory)."""
+    if not checkpoint:
+        return None
+    path = Path(str(checkpoint)).expanduser()
+    if not path.exists():
+        raise ConfigError(f"checkpoint={checkpoint} does not exist; give a run directory (holding model/) "
+                          f"or a model directory, or leave it null for the base model")
+    for candidate in (path / "model", path):
+        if (candidate / "config.json").is_file() and _has_weights(candidate):
+            return candidate
+    raise ConfigError(f"checkpoint={checkpoint} holds no model (expected {path}/model/ or {path}/ with config.json "
+                      f"and *.safetensors weights); give the run directory of a finished training run")
+
+
+def run_model_name(path: str | Path | None) -> str | None:
+    """The model option a training run started from (its .hydra/config.yaml), for a run dir or its model/."""
+    if not path:
+        return None
+    path = Path(path)
+    for saved in (path / ".hydra" / "config.yaml", path.parent / ".hydra" / "config.yaml"):
+        if saved.is_file():
+            name = OmegaConf.select(OmegaConf.load(saved), "model.name")
+            return str(name) if name else None
+    return None
+
+
+def set_names(cfg) -> list[str]:
+    """eval.sets without repeats, or the current stage when it is empty."""
+    names = list(cfg.eval.sets) or [cfg.stage.name]
+    return list(dict.fromkeys(names))
+
+
+def set_settings(cfg, name: str) -> tuple[DictConfig, int]:
+    """(stage node, max_new_tokens) of an eval set.
+
+    The current stage keeps its command-line overrides; any other set is conf/stage/<name>.yaml as
+    `python -m grpo_exp.train stage=<name>` would compose it. A GSM8K set with no path of its own
+    reads `stage.path` from the command line when one is given, else the hub.
+    """
+    if name == cfg.stage.name:
+        stage, length = cfg.stage, cfg.train.max_completion_length
+    else:
+        composed = _compose([f"stage={name}"])
+        stage, length = composed.stage, composed.train.max_completion_length
+        if stage.dataset == "gsm8k" and not stage.path and cfg.stage.path:
+            stage = OmegaConf.merge(stage, {"path": cfg.stage.path})
+    return stage, int(cfg.eval.max_new_tokens or length)
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """conf/evaluate.yaml with `overrides`, inside or outside a running Hydra app. (Not
+    grpo_exp.curriculum.compose_stage: importing it pulls in TRL, seconds before a one-line error.)"""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from grpo_exp.cli import CONF_DIR
+
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="evaluate", overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="evaluate", overrides=overrides)
+
+
+def check(cfg) -> Path | None:
+    """Everything evaluate can check before loading data or a model; returns the checkpoint's model dir."""
+    from grpo_exp.config import validate
+    from grpo_exp.models import check_available
+
+    validate(cfg)  # includes eval.* (known set names, sizes)
+    model_dir = resolve_checkpoint(cfg.get("checkpoint"))
+    if model_dir is None:
+        check_available(cfg.model, cfg.paths.cache_dir)
+    for name in set_names(cfg):
+        stage, _ = set_settings(cfg, name)
+        if stage.dataset == "gsm8k" and stage.path:
+            if not Path(stage.path).exists():
+                raise ConfigError(f"stage.path={stage.path} (GSM8K set '{name}') does not exist; give a GSM8K JSONL "
+                                  f"file or a directory holding test.jsonl, or leave it empty for the hub")
+            from grpo_exp.data import gsm8k
+
+            gsm8k.load(stage.path, "test", stage.hub_id, stage.hub_config)  # a bad line fails here, named
+    return model_dir
+
+
+# --- data, model, evaluation -----------------------------------------------------------------
+
+def load_sets(cfg) -> list[EvalSet]:
+    """The problems of every eval set: the first eval.limit of its held-out test split.
+
+    The held-out split is the one training leaves out (drawn with train.seed; GSM8K: its test
+    file, shuffled with train.seed), so the same config always gives the same problems, smaller
+    limits give a prefix of larger ones, and curriculum runs score the same problems.
+    """
+    from grpo_exp import data
+
+    sets = []
+    for name in set_names(cfg):
+        stage, max_new_tokens = set_settings(cfg, name)
+        limit = cfg.eval.limit
+        # Generated sets: stay within the held-out size a training run excluded from its train split.
+        num_test = max(stage.num_test, limit) if stage.dataset == "gsm8k" else stage.num_test
+        split = data.build_examples(stage.dataset, "test", num_train=0, num_test=num_test, seed=cfg.train.seed,
+                                    path=stage.path, hub_id=stage.hub_id, hub_config=stage.hub_config)
+        source = "generated" if stage.dataset in data.LEVELS else str(stage.path or stage.hub_id)
+        sets.append(EvalSet(name, stage.dataset, max_new_tokens, source, split[:limit], len(split)))
+    return sets
+
+
+def load_model(cfg, model_dir: Path | None = None):
+    """(model, tokenizer) in fp32: the checkpoint's model, or the base model of the `model` option."""
+    from grpo_exp import models
+
+    return models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed, init_from=model_dir)
+
+
+def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -> tuple[dict, list[dict]]:
+    """Per-set metrics and per-problem samples of `model` (already quantized if it should be)."""
+    from grpo_exp.evaluation import evaluate
+
+    ev = cfg.eval
+    results, samples = {}, []
+    for s in sets:
+        metrics, rows = evaluate(model, tokenizer, s.examples, system_prompt=cfg.reward.system_prompt,
+                                 max_new_tokens=s.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample,
+                                 temperature=ev.temperature, seed=ev.seed, desc=f"eval {label}{s.name}".strip())
+        metrics.update({"dataset": s.dataset, "source": s.source, "held_out": s.held_out,
+                        "max_new_tokens": s.max_new_tokens})
+        results[s.name] = metrics
+        samples.extend({"set": s.name, **({"variant": label} if label else {}), **row} for row in rows)
+    return results, samples
+
+
+def model_info(model, model_dir: Path | None, method: str) -> dict:
+    """What was evaluated: where the weights came from, quantization and size in memory."""
+    from grpo_exp.evaluation import model_size_mb
+    from grpo_exp.quantization import quantized_linear_count
+
+    return {
+        "checkpoint": str(model_dir) if model_dir is not None else None,
+        "checkpoint_model": run_model_name(model_dir),  # the model option that run trained
+        "quantization": method,
+        "quantized_linear_layers": quantized_linear_count(model),
+        "model_size_mb": round(model_size_mb(model), 1),
+    }
+
+
+def settings_summary(cfg, sets: list[EvalSet]) -> dict:
+    """The evaluation settings eval.json records beside the figures."""
+    import torch
+
+    return {
+        "model": cfg.model.name,
+        "sets": [s.name for s in sets],
+        "limit": cfg.eval.limit,
+        "batch_size": cfg.eval.batch_size,
+        "max_new_tokens": {s.name: s.max_new_tokens for s in sets},
+        "decoding": "sampled" if cfg.eval.do_sample else "greedy",
+        "temperature": cfg.eval.temperature if cfg.eval.do_sample else None,
+        "seed": cfg.eval.seed,
+        "data_seed": cfg.train.seed,
+        "reward": cfg.reward.name,
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+    }
+
+
+def format_table(results: dict[str, dict], label_key: str = "set") -> str:
+    """A markdown table of per-set (or per-variant) metrics."""
+    head = f"| {label_key} | n | accuracy | 95% CI | format | mean tokens | tokens/s | decode tokens/s | size MB |"
+    lines = [head, "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for name, m in results.items():
+        tps, dps = (f"{m[k]:.1f}" if m.get(k) else "n/a" for k in ("tokens_per_s", "decode_tokens_per_s"))
+        lines.append(f"| {name} | {m['n']} | {m['accuracy']:.3f} | [{m['accuracy_ci95_low']:.3f}, "
+                     f"{m['accuracy_ci95_high']:.3f}] | {m['format_compliance']:.3f} | "
+                     f"{m['mean_completion_tokens']:.1f} | {tps} | {dps} | {m['model_size_mb']:.1f} |")
+    return "\n".join(lines)
+
+
+def write_outputs(run_dir: str | Path, summary: dict, results: dict, samples: list[dict]) -> dict:
+    """eval.json (settings, per-set metrics, table) and eval_samples.jsonl in `run_dir`."""
+    from grpo_exp.runio import write_json
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    report = {"config": summary, "sets": results, "table": format_table(results)}
+    write_json(run_dir / "eval.json", report)
+    with (run_dir / "eval_samples.jsonl").open("w") as fh:
+        for row in samples:
+            fh.write(json.dumps(row, default=str) + "\n")
+    return report
+
+
+def evaluate_model(cfg, model, tokenizer, sets: list[EvalSet], model_dir: Path | None, run_dir) -> dict:
+    """Quantize (a copy) as configured, evaluate every set, write the outputs; returns eval.json's content."""
+    from grpo_exp.quantization import quantize_for_eval
+
+    started = time.time()
+    eval_model = quantize_for_eval(model, cfg.quantization.method)
+    results, samples = evaluate_sets(eval_model, tokenizer, sets, cfg)
+    summary = {**settings_summary(cfg, sets), **model_info(eval_model, model_dir, cfg.quantization.method),
+               "eval_time_s": round(time.time() - started, 1)}
+    del eval_model
+    return write_outputs(run_dir, summary, results, samples)
+
+
+def run(cfg) -> dict:
+    """Check, load the problems, then the model; evaluate and write eval.json."""
+    from grpo_exp import cpu
+
+    model_dir = check(cfg)
+    sets = load_sets(cfg)  # data errors (bad JSONL line, hub offline) surface before the model loads
+    cpu.apply(cfg.cpu)
+    model, tokenizer = load_model(cfg, model_dir)
+    report = evaluate_model(cfg, model, tokenizer, sets, model_dir, cfg.paths.output_dir)
+    print(report["table"])
+    print(f"[grpo-exp] eval.json and eval_samples.jsonl in {cfg.paths.output_dir}")
+    return report
+
+
+def evaluate_after_train(cfg, model, tokenizer, run_dir) -> dict:
+    """`eval.after_train=true`: evaluate the just-trained policy (a quantized copy if configured).
+
+    Returns the per-set metrics; eval.json and eval_samples.jsonl go to `run_dir`. A data error
+    (e.g. GSM8K unreachable) is reported on one line and returned as {"error": ...}, so the
+    training run still records its metrics.
+    """
+    try:
+        sets = load_sets(cfg)
+    except ConfigError as err:
+        print(f"[grpo-exp] evaluation skipped: {err}", file=sys.stderr)
+        return {"error": str(err)}
+    saved = Path(run_dir) / "model"
+    report = evaluate_model(cfg, model, tokenizer, sets, saved if saved.is_dir() else None, run_dir)
+    print(report["table"])
+    return report["sets"]
+
+
+# --- Hydra entrypoint ------------------------------------------------------------------------
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
+def main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    try:
+        report = run(cfg)
+    except ConfigError as err:
+        report_config_error(err)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        sys.exit(EXIT_BAD_INPUT)
+    accuracies = [m["accuracy"] for m in report["sets"].values()]
+    return sum(accuracies) / len(accuracies) if accuracies else None
+
+
+def precheck(cfg) -> None:
+    check(cfg)
+
+
+if __name__ == "__main__":
+    guarded(main, "evaluate", precheck)
