@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_exp.runio import eval_sets
+
 # metric -> True when higher is better
 MAIN_METRICS = {
     "steps": None,
@@ -115,15 +117,6 @@ def _select(data, dotted: str):
     return data
 
 
-def eval_sets(evaluation) -> dict[str, dict]:
-    """{set: metrics} from {"sets": {...}}, {set: {...}} or a flat metrics dict (named "eval")."""
-    if not isinstance(evaluation, dict):
-        return {}
-    if isinstance(evaluation.get("sets"), dict):
-        evaluation = evaluation["sets"]
-    if "accuracy" in evaluation and not isinstance(evaluation["accuracy"], dict):
-        return {"eval": evaluation}
-    return {str(k): v for k, v in evaluation.items() if isinstance(v, dict) and "accuracy" in v}
 
 
 def _stage_dirs(job: Path) -> list[Path]:

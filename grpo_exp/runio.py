@@ -67,3 +67,15 @@ def resolve_init(init_from: str | None) -> tuple[Path, Path] | None:
         return path, path.parent
     raise ConfigError(f"init_from={init_from} holds no model (expected {path}/model/config.json); "
                       f"give the run directory of a finished stage")
+
+
+def eval_sets(evaluation) -> dict[str, dict]:
+    """{set name: metrics} from the shapes evaluation results come in: eval.json's {"sets": {...}},
+    metrics.json's {name: {...}}, or one flat metrics dict (named "eval")."""
+    if not isinstance(evaluation, dict):
+        return {}
+    if isinstance(evaluation.get("sets"), dict):
+        evaluation = evaluation["sets"]
+    if "accuracy" in evaluation and not isinstance(evaluation["accuracy"], dict):
+        return {"eval": evaluation}
+    return {str(k): v for k, v in evaluation.items() if isinstance(v, dict) and "accuracy" in v}

@@ -27,6 +27,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_exp.runio import eval_sets
+
 RUN_ID_FILE = "wandb_run_id.txt"
 STEP_METRIC = "train/global_step"
 COMPLETIONS_TABLE_ROWS = 500
@@ -282,16 +284,6 @@ def flat_scalars(data: dict, prefix: str = "") -> dict:
     return out
 
 
-def eval_sets(evaluation) -> dict[str, dict]:
-    """{set name: metrics} from the shapes evaluation results come in: {"sets": {...}}, {name: {...}}
-    or one flat metrics dict."""
-    if not isinstance(evaluation, dict):
-        return {}
-    if isinstance(evaluation.get("sets"), dict):
-        evaluation = evaluation["sets"]
-    if "accuracy" in evaluation and not isinstance(evaluation["accuracy"], dict):
-        return {"eval": evaluation}
-    return {str(k): v for k, v in evaluation.items() if isinstance(v, dict) and "accuracy" in v}
 
 
 def eval_table(evaluation):

@@ -29,7 +29,8 @@ def nan_after(completions, **kwargs):
     return [math.nan if bad else 0.0 for _ in completions]
 
 
-rewards.REGISTRY.update({"vowel_fraction": vowel_fraction, "nan_after": nan_after})
+TEST_REWARDS = {"vowel_fraction": vowel_fraction, "nan_after": nan_after}
 
 if __name__ == "__main__":
+    rewards.REGISTRY.update(TEST_REWARDS)
     guarded(main, "train", precheck)

@@ -23,6 +23,18 @@ SPREAD = ["debug=smoke", "logger=none", "reward.funcs=[vowel_fraction]", "reward
           "train.learning_rate=1e-3", "train.save_total_limit=null"]
 
 
+@pytest.fixture
+def test_rewards(monkeypatch):
+    """The subprocess runner's rewards, registered for in-process runs of this test only."""
+    from grpo_exp import rewards
+    from tests import spread_reward_main
+
+    for name, func in spread_reward_main.TEST_REWARDS.items():
+        monkeypatch.setitem(rewards.REGISTRY, name, func)
+    spread_reward_main._calls["n"] = 0
+    return spread_reward_main
+
+
 def _start(run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tests.spread_reward_main", *SPREAD, *extra,
                              f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -82,9 +94,8 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert read_jsonl(killed_dir / "history.jsonl") == got_hist
 
 
-def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch):
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch, test_rewards):
     from grpo_exp.training import train
-    from tests import spread_reward_main  # noqa: F401  (registers the test rewards)
 
     cfg = compose_cfg([*SPREAD, "train.max_steps=4", "train.save_steps=2"], tmp_path)
     real_publish = checkpoints.publish
@@ -114,12 +125,11 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, 
     assert not list((tmp_path / "checkpoints").glob(".staging-*"))
 
 
-def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path):
+def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, test_rewards):
     from grpo_exp.training import train
-    from tests import spread_reward_main
 
+    spread_reward_main = test_rewards
     os.environ["GRPO_EXP_TEST_NAN_AFTER"] = "2"
-    spread_reward_main._calls["n"] = 0
     try:
         cfg = compose_cfg([*SPREAD, "reward.funcs=[vowel_fraction,nan_after]", "reward.weights=[1.0,1.0]",
                            "train.max_steps=5", "train.save_steps=1"], tmp_path / "stop")
