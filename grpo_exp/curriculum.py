@@ -8,7 +8,7 @@ import gc
 import json
 from pathlib import Path
 
-from grpo_exp import models
+from grpo_exp import cpu, models
 from grpo_exp.config import validate
 from grpo_exp.evaluation import evaluate
 from grpo_exp.runio import write_json
@@ -93,6 +93,7 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
                   for i, s in enumerate(stages)]
     for stage_cfg in stage_cfgs:
         validate(stage_cfg)  # every stage's settings are checked before the first one trains
+    cpu.apply(cfg.cpu)  # before the base evaluation: oversubscribed threads spin and crawl
 
     result = {"stages": stages, "ewc_lambda": cfg.ewc["lambda"], "model": cfg.model.name, "seed": cfg.train.seed,
               "eval_limit": limit, "matrix": [], "base": None, "stage_metrics": []}
