@@ -21,4 +21,6 @@ def apply(cpu_cfg) -> dict:
     except RuntimeError:
         # Only settable before the first parallel region; a second stage in the same process keeps it.
         pass
-    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
+    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            # as read by OpenMP when torch loaded (grpo_exp/__init__.py defaults it to PASSIVE)
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}

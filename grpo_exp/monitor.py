@@ -85,9 +85,13 @@ class MonitorCallback(TrainerCallback):
     `step_offset` lets curriculum stages share one cumulative step axis.
     """
 
-    def __init__(self, history_path: str | Path, completions_per_step: int, step_offset: int = 0, stage: str = ""):
+    def __init__(self, history_path: str | Path, completions_per_step: int, step_offset: int = 0, stage: str = "",
+                 completions_per_generation: int | None = None):
         self.history_path = Path(history_path)
         self.completions_per_step = completions_per_step
+        # With train.steps_per_generation > 1, TRL generates for several steps at once: the generating step
+        # logs the mean length of all those completions and the steps that reuse them log none.
+        self.completions_per_generation = max(completions_per_generation or 0, completions_per_step)
         self.step_offset = step_offset
         self.stage = stage
         self.sampler = ResourceSampler()
@@ -101,7 +105,7 @@ class MonitorCallback(TrainerCallback):
         """A resumed run: the history up to its checkpoint counts towards the summary."""
         self.rows = list(rows)
         self.step_times = [r["step_time_s"] for r in rows if r.get("step_time_s")]
-        self.completion_tokens = [r["completion_tokens"] for r in rows if r.get("completion_tokens")]
+        self.completion_tokens = [r["completion_tokens"] for r in rows if r.get("completion_tokens") is not None]
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not self.sampler._thread.is_alive() and not self.sampler._stop.is_set():
@@ -123,8 +127,9 @@ class MonitorCallback(TrainerCallback):
         row = {"step": state.global_step, "global_step": state.global_step + self.step_offset, "stage": self.stage}
         row.update({k: v for k, v in logs.items() if _jsonable(v)})
         mean_len = logs.get("completions/mean_length")
-        if mean_len is not None and self._last_step_time:
-            tokens = float(mean_len) * self.completions_per_step
+        buffered_step = mean_len is None and self.completions_per_generation > self.completions_per_step
+        if (mean_len is not None or buffered_step) and self._last_step_time:
+            tokens = float(mean_len) * self.completions_per_generation if mean_len is not None else 0.0
             self.completion_tokens.append(tokens)
             row["completion_tokens"] = tokens
             row["completion_tokens_per_s"] = tokens / self._last_step_time

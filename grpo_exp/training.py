@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from grpo_exp import checkpoints, cpu, data, ewc, models, rewards
-from grpo_exp.config import ewc_settings, resolve_precision, validate
+from grpo_exp.config import ewc_settings, generation_batch, resolve_precision, validate
 from grpo_exp.monitor import MonitorCallback, reset_peak_rss
 from grpo_exp.errors import ConfigError, TrainingHalted
 from grpo_exp.runio import read_jsonl, resolve_init, save_model_dir, write_json
@@ -70,7 +70,8 @@ def train(cfg, step_offset: int = 0) -> dict:
     penalty = ewc.EwcPenalty(ewc_state, ewc_cfg["lambda"]) if ewc_state is not None else None
 
     monitor = MonitorCallback(run_dir / "history.jsonl", completions_per_step(cfg.train),
-                              step_offset=step_offset, stage=cfg.stage.name)
+                              step_offset=step_offset, stage=cfg.stage.name,
+                              completions_per_generation=generation_batch(cfg.train)[0])
     if resume_from is not None:
         monitor.continue_from(read_jsonl(run_dir / "history.jsonl"))
     tracker = _start_tracking(cfg, run_dir, step_offset)
@@ -225,8 +226,8 @@ def consolidate_fisher(cfg, ewc_cfg: dict, model, tokenizer, examples: list[dict
     base = old_state if old_state is not None else ewc.EwcState({}, {}, [], {})
     state = base.consolidate(fisher, anchor, ewc_cfg["gamma"], cfg.stage.name)
     state.save(run_dir)
-    return {"fisher_time_s": time.time() - t0, **{f"fisher_{k}": v for k, v in state.stats().items()
-                                                 if k != "stages"}, "ewc_stages": state.stages}
+    return {"fisher_time_s": time.time() - t0, **{k: v for k, v in state.stats().items() if k != "stages"},
+            "ewc_stages": state.stages}
 
 
 def _weights(cfg):
