@@ -354,11 +354,7 @@ def plot_throughput_memory(df: pd.DataFrame, out: Path) -> Path | None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle("Throughput and peak memory vs threads and batch size")
-    fig.tight_layout()
-    path = out / "throughput_memory.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "throughput_memory.png")
 
 
 def plot_reward_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
@@ -380,8 +376,11 @@ def plot_reward_curves(jobs: list[dict], labels: list[str], out: Path) -> Path |
     ax.set_title("Reward per variant")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return _save(plt, fig, out / "reward_curves.png")
+
+
+def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    path = out / "reward_curves.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -414,10 +413,7 @@ def plot_curriculum(curriculum: dict, title: str, path: Path) -> Path | None:
     if curriculum.get("bwt") is not None:
         extra += f", BWT {curriculum['bwt']:+.3f}"
     ax.set_title(f"{title}\n{extra}".strip())
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_quantization(jobs: list[dict], out: Path) -> Path | None:
@@ -451,11 +447,7 @@ def plot_quantization(jobs: list[dict], out: Path) -> Path | None:
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
     fig.suptitle("fp32 vs dynamic int8")
-    fig.tight_layout()
-    path = out / "quantization.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "quantization.png")
 
 
 # ---------------------------------------------------------------- report
