@@ -170,7 +170,7 @@ def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -
     for s in sets:
         metrics, rows = evaluate(model, tokenizer, s.examples, system_prompt=cfg.reward.system_prompt,
                                  max_new_tokens=s.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample,
-                                 temperature=ev.temperature, seed=ev.seed, desc=f"eval {label}{s.name}".strip())
+                                 temperature=ev.temperature, seed=ev.seed, desc=" ".join(filter(None, ("eval", label, s.name))))
         metrics.update({"dataset": s.dataset, "source": s.source, "held_out": s.held_out,
                         "max_new_tokens": s.max_new_tokens})
         results[s.name] = metrics
