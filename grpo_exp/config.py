@@ -23,6 +23,8 @@ from grpo_exp.errors import ConfigError
 MODEL_SOURCES = ("packaged_gguf", "pretrained", "tiny_random")
 DATASETS = ("basic", "intermediate", "advanced", "gsm8k")
 PRECISIONS = ("auto", "bf16", "fp32")
+# OMP_WAIT_POLICY choices; "default" leaves OpenMP's own (grpo_exp/cpu.py)
+WAIT_POLICIES = ("default", "passive", "active")
 QUANT_METHODS = ("none", "dynamic_int8")
 LOGGERS = ("none", "wandb")
 
@@ -73,6 +75,8 @@ class CpuConfig:
     # "auto" (all cores this process may use) or a positive integer
     threads: Any = "auto"
     interop_threads: int = 1
+    # default | passive | active: OMP_WAIT_POLICY, set before torch loads (see grpo_exp/cpu.py)
+    omp_wait_policy: str = "default"
 
 
 @dataclass
@@ -350,6 +354,7 @@ def validate(cfg: Any) -> None:
     _choice("logger.mode", cfg.logger.mode, ("offline", "online", "disabled"))
     resolve_threads(cfg.cpu.threads)
     _require(cfg.cpu.interop_threads >= 1, f"cpu.interop_threads={cfg.cpu.interop_threads} must be >= 1")
+    _choice("cpu.omp_wait_policy", cfg.cpu.omp_wait_policy, WAIT_POLICIES)
     _choice("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
     _require(isinstance(cfg.resume, bool) or (isinstance(cfg.resume, str) and Path(cfg.resume).is_dir()),
              f"resume={cfg.resume!r} must be true, false or an existing run directory")

@@ -1,26 +1,52 @@
-"""Thread settings for torch, OpenMP and MKL, applied before any heavy torch work."""
+"""Thread and OpenMP settings for torch, OMP and MKL, applied before any heavy torch work."""
 
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 
-import torch
+from grpo_exp.config import WAIT_POLICIES, resolve_threads
+from grpo_exp.errors import ConfigError
 
-from grpo_exp.config import resolve_threads
+# cpu.omp_wait_policy: "default" leaves OpenMP's own choice (libgomp: spin briefly, then sleep);
+# "passive" sleeps at once (for cores shared with other jobs); "active" always spins.
+__all__ = ["WAIT_POLICIES", "apply", "prepare_env"]
+
+
+def prepare_env(cpu_cfg) -> None:
+    """Environment that OpenMP and MKL read once, when torch loads: call it before `import torch`.
+
+    Child processes (dataloaders, accelerate) inherit it too. In a process where torch is already
+    loaded, a changed wait policy cannot take effect, so a warning says so instead of pretending."""
+    threads = resolve_threads(cpu_cfg.threads)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    policy = str(cpu_cfg.get("omp_wait_policy", "default"))
+    if policy not in WAIT_POLICIES:
+        raise ConfigError(f"cpu.omp_wait_policy={policy!r} is not valid; choose one of: {', '.join(WAIT_POLICIES)}")
+    if policy == "default":
+        return
+    wanted = policy.upper()
+    if "torch" in sys.modules and os.environ.get("OMP_WAIT_POLICY", "").upper() != wanted:
+        warnings.warn(f"cpu.omp_wait_policy={policy} not applied: torch is already loaded in this process "
+                      f"(OpenMP read OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')!r}); "
+                      f"set OMP_WAIT_POLICY={wanted} in the environment instead", stacklevel=2)
+        return
+    os.environ["OMP_WAIT_POLICY"] = wanted
 
 
 def apply(cpu_cfg) -> dict:
     """Set intra-op/inter-op threads; returns what was applied (recorded in metrics.json)."""
-    threads = resolve_threads(cpu_cfg.threads)
-    # OMP/MKL read these when their pools start; child processes (dataloaders, accelerate) inherit them.
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    torch.set_num_threads(threads)
+    prepare_env(cpu_cfg)
+    import torch
+
+    torch.set_num_threads(resolve_threads(cpu_cfg.threads))
     try:
         torch.set_num_interop_threads(int(cpu_cfg.interop_threads))
     except RuntimeError:
         # Only settable before the first parallel region; a second stage in the same process keeps it.
         pass
     return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-            # as read by OpenMP when torch loaded (grpo_exp/__init__.py defaults it to PASSIVE)
+            # as OpenMP read it when torch loaded (unset: OpenMP's default)
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}

@@ -255,6 +255,7 @@ def run(cfg) -> dict:
     """Check, load the problems, then the model; evaluate and write eval.json."""
     from grpo_exp import cpu
 
+    cpu.prepare_env(cfg.cpu)  # before anything loads torch: OpenMP reads its settings only then
     model_dir = check(cfg)
     sets = load_sets(cfg)  # data errors (bad JSONL line, hub offline) surface before the model loads
     cpu.apply(cfg.cpu)

@@ -28,6 +28,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> dict:
     """One stage, or the whole curriculum when cfg.curriculum.stages is set."""
     if isinstance(cfg.resume, str):  # resume=<run dir>: continue that directory, not the new Hydra one
         cfg.paths.output_dir = cfg.resume
+    from grpo_exp import cpu
+
+    cpu.prepare_env(cfg.cpu)  # before anything loads torch: OpenMP reads its settings only then
     if cfg.curriculum.stages:
         from grpo_exp.curriculum import run_curriculum
 

@@ -5,7 +5,7 @@
     python scripts/bench.py --profile                         # + where the time goes inside a step
     python scripts/bench.py --override train=fast             # measure grpo-exp with other config overrides
     python scripts/bench.py --candidate fast=train=fast --candidate static=+train.extra.cache_implementation=static
-    python scripts/bench.py --candidate spinning=env.OMP_WAIT_POLICY=ACTIVE --candidate trl_passive=kind=trl,env.OMP_WAIT_POLICY=PASSIVE
+    python scripts/bench.py --candidate passive=cpu.omp_wait_policy=passive --candidate trl_passive=kind=trl,env.OMP_WAIT_POLICY=PASSIVE
     python scripts/bench.py --reward-curve-steps 30           # + reward per step of both variants (bench.json, PNG)
 
 Variants, each in its own subprocess (so its peak RSS, the child's ru_maxrss, is its own):
@@ -17,8 +17,8 @@ Variants, each in its own subprocess (so its peak RSS, the child's ru_maxrss, is
   <name>    each --candidate NAME=OVERRIDE[,OVERRIDE...]: grpo-exp with those extra overrides (env.VAR=VALUE:
             an environment variable of that child; kind=trl: a plain-TRL variant, e.g. with another env).
 
-grpo-exp sets OMP_WAIT_POLICY=PASSIVE on import (grpo_exp/__init__.py) unless the environment sets it; the
-baseline child imports torch first, so it runs with OpenMP's defaults as a plain TRL script does.
+grpo-exp's child applies cpu.omp_wait_policy before torch loads, as the entrypoint does (default: OpenMP's own
+policy); the baseline child runs with OpenMP's defaults as a plain TRL script does.
 
 Completion tokens of a step = TRL's `completions/mean_length` x the completions generated in that step (the
 per-step batch, or the whole generation batch on the steps that generate when steps_per_generation > 1). Rates
@@ -457,19 +457,19 @@ def child_main(spec_path: Path) -> int:
     out = Path(spec["dir"])
     ours = spec["kind"] == "grpo-exp"
     env_names = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")
-    env_at_start = {k: os.environ.get(k) for k in env_names}
-    if ours:
-        import grpo_exp  # noqa: F401  (its process-wide defaults, if any, come before torch's OpenMP starts)
+    cfg = compose(spec["common"] + (spec["overrides"] if ours else []), out)
+    from grpo_exp import cpu
 
-        env_at_start = {k: os.environ.get(k) for k in env_names}
+    if ours:
+        cpu.prepare_env(cfg.cpu)  # as the entrypoint does: OpenMP settings before torch loads
+    env_at_start = {k: os.environ.get(k) for k in env_names}
     import torch
 
-    from grpo_exp import cpu, data, models, rewards
+    from grpo_exp import data, models, rewards
     from grpo_exp.config import generation_batch, resolve_precision, validate
     from grpo_exp.training import seed_everything, stage_examples
 
     loadavg_start = os.getloadavg()
-    cfg = compose(spec["common"] + (spec["overrides"] if ours else []), out)
     gen_batch, spg = generation_batch(cfg.train) if ours else (cfg.train.per_device_train_batch_size, 1)
     measured = math.ceil(spec["steps"] / spg) * spg  # whole generation rounds
     total = max(spec["warmup"] + measured, spec["reward_curve_steps"])
