@@ -96,6 +96,11 @@ def check_overrides(config_name: str, args: list[str], validate: Callable | None
                 key = bad.split("=", 1)[0].lstrip("+~")
                 raise ConfigError(f"unknown config key '{key}'{_valid_keys(config_name, key)}") from None
             raise ConfigError(_one_line(err)) from None
+        if "cpu" in cfg:
+            from grpo_exp import cpu
+
+            # OpenMP reads its settings once, when torch loads, and the checks below may load torch
+            cpu.prepare_env(cfg.cpu)
         if validate is not None:
             validate(cfg)
 
