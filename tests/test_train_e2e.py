@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_exp.runio import read_jsonl
+from grpo_exp.trainer import GrpoExpTrainer
 from grpo_exp.training import train
 from tests.conftest import run_module
 
@@ -18,6 +20,9 @@ def test_two_step_run_writes_a_loadable_model_and_metrics(smoke_cfg):
     metrics = train(smoke_cfg)
     run_dir = smoke_cfg.paths.output_dir
     assert metrics["steps"] == 2 and metrics["status"] == "completed"
+    # A curriculum runs stages in one process: nothing of a finished stage's trainer may stay alive.
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, GrpoExpTrainer)]
     on_disk = json.loads(open(f"{run_dir}/metrics.json").read())
     assert METRIC_KEYS <= on_disk.keys()
     assert on_disk["completion_tokens_per_s"] > 0 and on_disk["step_time_s_median"] > 0
