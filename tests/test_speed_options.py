@@ -128,6 +128,24 @@ def test_bench_script_writes_both_variants_and_a_ratio(tmp_path):
     assert (out / "bench.md").exists()
 
 
+def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
+    out = tmp_path / "prof"
+    proc = subprocess.run([sys.executable, "scripts/profile_generation.py", "--model", "tiny_random", "--tokens", "4",
+                           "--batch", "2", "--threads", "1", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "profile.json").read_text())
+    assert result["batch"] == 2 and result["tokens"] == 4 and result["threads"] == 1
+    assert result["generate_s"] > 0 and result["top_ops"]
+    assert 0 < sum(o["share"] for o in result["top_ops"]) <= 1.0 + 1e-6
+    assert result["lm_head_weight_gb_per_s"] > 0 and result["memory_read_gb_per_s"] > 0
+    assert "ms per decoding step" in (out / "profile.md").read_text()
+
+    bad = subprocess.run([sys.executable, "scripts/profile_generation.py", "--batch", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--batch" in bad.stderr
+
+
 def test_monitor_counts_tokens_of_generation_rounds(tmp_path):
     """steps_per_generation=4: the generating step logs the mean length of 4 steps' completions, the other
     three log none; tokens and time must both cover all four steps."""
