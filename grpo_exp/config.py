@@ -232,6 +232,12 @@ def resolve_threads(threads: Any) -> int:
     return n
 
 
+def resolve_wait_policy(policy: Any) -> str | None:
+    """OMP_WAIT_POLICY for cpu.omp_wait_policy; None for "default" (leave OpenMP's own)."""
+    _choice("cpu.omp_wait_policy", policy, WAIT_POLICIES)
+    return None if policy == "default" else str(policy).upper()
+
+
 def resolve_precision(precision: str) -> str:
     """bf16 only pays where the hardware has bf16 arithmetic: without it (AVX2-only CPUs) torch
     emulates bf16 matmuls and a training step runs tens of times slower than in fp32."""
@@ -354,7 +360,7 @@ def validate(cfg: Any) -> None:
     _choice("logger.mode", cfg.logger.mode, ("offline", "online", "disabled"))
     resolve_threads(cfg.cpu.threads)
     _require(cfg.cpu.interop_threads >= 1, f"cpu.interop_threads={cfg.cpu.interop_threads} must be >= 1")
-    _choice("cpu.omp_wait_policy", cfg.cpu.omp_wait_policy, WAIT_POLICIES)
+    resolve_wait_policy(cfg.cpu.omp_wait_policy)
     _choice("on_nonfinite", cfg.on_nonfinite, ("stop", "skip"))
     _require(isinstance(cfg.resume, bool) or (isinstance(cfg.resume, str) and Path(cfg.resume).is_dir()),
              f"resume={cfg.resume!r} must be true, false or an existing run directory")

@@ -6,30 +6,24 @@ import os
 import sys
 import warnings
 
-from grpo_exp.config import WAIT_POLICIES, resolve_threads
-from grpo_exp.errors import ConfigError
-
-# cpu.omp_wait_policy: "default" leaves OpenMP's own choice (libgomp: spin briefly, then sleep);
-# "passive" sleeps at once (for cores shared with other jobs); "active" always spins.
-__all__ = ["WAIT_POLICIES", "apply", "prepare_env"]
+from grpo_exp.config import resolve_threads, resolve_wait_policy
 
 
 def prepare_env(cpu_cfg) -> None:
     """Environment that OpenMP and MKL read once, when torch loads: call it before `import torch`.
 
-    Child processes (dataloaders, accelerate) inherit it too. In a process where torch is already
-    loaded, a changed wait policy cannot take effect, so a warning says so instead of pretending."""
+    cpu.omp_wait_policy "default" leaves OpenMP's own choice (libgomp: spin briefly, then sleep);
+    "passive" sleeps at once (for cores shared with other jobs); "active" always spins. Child
+    processes (dataloaders, accelerate) inherit the environment too. In a process where torch is
+    already loaded, a changed wait policy cannot take effect, so a warning says so instead."""
     threads = resolve_threads(cpu_cfg.threads)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
-    policy = str(cpu_cfg.get("omp_wait_policy", "default"))
-    if policy not in WAIT_POLICIES:
-        raise ConfigError(f"cpu.omp_wait_policy={policy!r} is not valid; choose one of: {', '.join(WAIT_POLICIES)}")
-    if policy == "default":
+    wanted = resolve_wait_policy(cpu_cfg.get("omp_wait_policy", "default"))
+    if wanted is None:
         return
-    wanted = policy.upper()
     if "torch" in sys.modules and os.environ.get("OMP_WAIT_POLICY", "").upper() != wanted:
-        warnings.warn(f"cpu.omp_wait_policy={policy} not applied: torch is already loaded in this process "
+        warnings.warn(f"cpu.omp_wait_policy={wanted.lower()} not applied: torch is already loaded in this process "
                       f"(OpenMP read OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')!r}); "
                       f"set OMP_WAIT_POLICY={wanted} in the environment instead", stacklevel=2)
         return

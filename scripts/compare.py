@@ -78,15 +78,13 @@ def main(argv: list[str]) -> int:
 
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="evaluate", overrides=overrides)
-        from grpo_exp import cpu
-
-        cpu.prepare_env(cfg.cpu)  # before anything loads torch: OpenMP reads its settings only then
-        sets = load_sets(cfg)  # data errors surface before any model loads
+            sets = load_sets(cfg)  # data errors surface before any model loads
         models = {label: resolve_checkpoint(path) for label, path in checkpoints.items()}
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
+    from grpo_exp import cpu
     from grpo_exp.comparison import run_comparison, write_report
 
     cpu.apply(cfg.cpu)
