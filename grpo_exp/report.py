@@ -117,8 +117,6 @@ def _select(data, dotted: str):
     return data
 
 
-
-
 def _stage_dirs(job: Path) -> list[Path]:
     """Curriculum stage directories (1_basic, 2_intermediate, ...) that hold their own metrics."""
     dirs = [p for p in job.iterdir() if p.is_dir() and (p / "metrics.json").is_file()]

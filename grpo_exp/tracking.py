@@ -284,8 +284,6 @@ def flat_scalars(data: dict, prefix: str = "") -> dict:
     return out
 
 
-
-
 def eval_table(evaluation):
     sets = eval_sets(evaluation)
     if not sets:
