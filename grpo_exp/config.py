@@ -109,6 +109,9 @@ class TrainConfig:
     # auto: bf16 autocast where the hardware computes bf16 natively (CUDA, AVX512-BF16, AMX), else fp32
     precision: str = "auto"
     gradient_checkpointing: bool = False
+    # Score each distinct prompt once per batch instead of once per completion (grpo_exp/shared_prefix.py):
+    # the same log-probs and gradients as TRL's forward, with less work. Off when gradient checkpointing is on.
+    shared_prefix: bool = True
     logging_steps: int = 1
     save_steps: int = 50
     save_total_limit: Optional[int] = 2

@@ -20,11 +20,11 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOConfig, GRPOTrainer
 
-from grpo_exp import checkpoints
+from grpo_exp import checkpoints, shared_prefix
 from grpo_exp.config import resolve_precision
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra"}
+_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix"}
 
 
 class LossTerm(Protocol):
@@ -73,7 +73,8 @@ NONFINITE_POLICIES = ("stop", "skip")
 
 class GrpoExpTrainer(GRPOTrainer):
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
-                 completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None, **kwargs):
+                 completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
+                 share_prefixes: bool = False, **kwargs):
         self.on_nonfinite = on_nonfinite
         self._skip_batch = False
         self.skipped_batches = 0
@@ -84,6 +85,13 @@ class GrpoExpTrainer(GRPOTrainer):
         self.completions_every = completions_every
         self.run_state = run_state or {}
         self._last_sampled_step = -1
+        self.share_prefixes = share_prefixes
+        if share_prefixes:
+            why_not = shared_prefix.unsupported_reason(self.model) or (
+                "train.extra.cast_lm_head_to_fp32" if self.args.cast_lm_head_to_fp32 else None)
+            if why_not:
+                print(f"[grpo-exp] train.shared_prefix: off for {why_not}; TRL's own forward scores the batch")
+                self.share_prefixes = False
 
     def _guard_reward(self, func: Callable) -> Callable:
         """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
@@ -102,6 +110,30 @@ class GrpoExpTrainer(GRPOTrainer):
 
         guarded.__name__ = func.__name__
         return guarded
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **model_kwargs):
+        """TRL's scoring forward, with each distinct prompt run once per chunk (train.shared_prefix)."""
+        # Gradient checkpointing drops the KV cache the completions need; TRL itself turns it off under no_grad.
+        checkpointing = model.training and torch.is_grad_enabled() and shared_prefix.checkpointing(model)
+        if (not self.share_prefixes or checkpointing or compute_aux_loss
+                or any(v is not None for v in model_kwargs.values())):
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, compute_entropy, compute_aux_loss,
+                                                              **model_kwargs)
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
+            with self.accelerator.autocast():
+                scored = shared_prefix.completion_logps(model, ids, mask, logits_to_keep, self.temperature,
+                                                        compute_entropy)
+            if scored is None:  # no prompt repeats in this chunk
+                scored = super()._get_per_token_logps_and_entropies(model, ids, mask, logits_to_keep,
+                                                                    compute_entropy=compute_entropy)[:2]
+            logps.append(scored[0])
+            entropies.append(scored[1])
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -219,6 +251,7 @@ def build_trainer(cfg, model, tokenizer, train_dataset, reward_funcs: list[Calla
         completions_every=cfg.completions_every,
         on_nonfinite=cfg.on_nonfinite,
         run_state=run_state,
+        share_prefixes=cfg.train.shared_prefix,
     )
 
 

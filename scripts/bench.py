@@ -516,6 +516,7 @@ def child_main(spec_path: Path) -> int:
         "learning_rate": a.learning_rate, "num_generations": a.num_generations,
         "per_device_train_batch_size": a.per_device_train_batch_size,
         "max_completion_length": a.max_completion_length,
+        "shared_prefix": bool(getattr(trainer, "share_prefixes", False)),
     }
     assert a.generation_batch_size == gen_batch, (a.generation_batch_size, gen_batch)
     trainer.train()
@@ -528,7 +529,7 @@ def child_main(spec_path: Path) -> int:
     settings_text = (f"{settings['precision']}, grad-ckpt {'on' if settings['gradient_checkpointing'] else 'off'}, "
                      f"gen batch {gen_batch}" + (f", cache {settings['cache_implementation']}"
                                                  if settings["cache_implementation"] else "")
-                     + f", {settings['threads']} thr")
+                     + (", shared prefix" if settings["shared_prefix"] else "") + f", {settings['threads']} thr")
     result = {
         "name": spec["name"], "kind": spec["kind"], "overrides": spec["overrides"], "settings": settings,
         "settings_text": settings_text, "prompts_per_step": spec["prompts_per_step"], "model": cfg.model.name,

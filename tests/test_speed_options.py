@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from grpo_exp import cpu, data, models, rewards
+from grpo_exp import cpu, data, models, rewards, shared_prefix
 from grpo_exp.config import generation_batch, validate
 from grpo_exp.trainer import build_trainer
 from tests.conftest import ROOT, compose_cfg
@@ -29,6 +29,8 @@ OPTIONS = {
     "precision=fp32": ["train.precision=fp32"],
     "threads=1": ["cpu.threads=1"],
     "train=fast": ["train=fast"],
+    "shared_prefix=false": ["train.shared_prefix=false"],
+    "gradient_checkpointing": ["train.gradient_checkpointing=true"],
 }
 
 
@@ -108,6 +110,28 @@ def test_option_makes_a_correct_grpo_step(name, tmp_path, plain_run):
         assert trainer.args.cache_implementation == "static"
 
 
+def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
+    """Same seed, same completions: the shared-prefix step logs TRL's entropy and gradient norm."""
+    used = []
+    real = shared_prefix.completion_logps
+
+    def counting(*args, **kwargs):
+        out = real(*args, **kwargs)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(shared_prefix, "completion_logps", counting)
+    on = one_run(tmp_path / "on", [])
+    off = one_run(tmp_path / "off", ["train.shared_prefix=false"])
+    assert on[1].share_prefixes and not off[1].share_prefixes
+    assert used and all(used), "the default path did not share the prompts"
+    first_on, first_off = on[1].state.log_history[0], off[1].state.log_history[0]
+    assert first_on["completions/mean_length"] == first_off["completions/mean_length"]
+    assert first_on["entropy"] == pytest.approx(first_off["entropy"], rel=1e-4)
+    assert first_on["grad_norm"] > 0
+    assert first_on["grad_norm"] == pytest.approx(first_off["grad_norm"], rel=1e-3)
+
+
 def test_bench_script_writes_both_variants_and_a_ratio(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
@@ -124,6 +148,8 @@ def test_bench_script_writes_both_variants_and_a_ratio(tmp_path):
         assert res["profile_mean_per_step_s"]["generation"] > 0
     assert report["variants"]["baseline"]["settings"]["gradient_checkpointing"] is True
     assert report["variants"]["grpo-exp"]["settings"]["gradient_checkpointing"] is False
+    assert report["variants"]["grpo-exp"]["settings"]["shared_prefix"] is True
+    assert report["variants"]["baseline"]["settings"]["shared_prefix"] is False
     assert report["ratio_vs_baseline"]["grpo-exp"]["completion_tokens_per_s"] > 0
     assert (out / "bench.md").exists()
 

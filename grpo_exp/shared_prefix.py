@@ -1,0 +1,91 @@
+"""Score a GRPO batch with each distinct prompt run through the model once.
+
+A GRPO batch holds every prompt `num_generations` times. TRL's scoring forward runs the whole
+prompt+completion sequence for every row. On the CPU it also projects every prompt position through the LM
+head and masks those positions out afterwards (TRL scores only valid positions on Triton devices). Here the
+distinct prompts run once with a KV cache. The cache rows are then gathered back to the batch (`index_select`,
+so gradients from every completion of a group add up in the shared prompt). The completions run on top of
+that cache, and only completion positions reach TRL's own chunked log-prob kernel.
+
+The maths is that of TRL's forward: same positions (TRL passes no position ids, so both use 0..L-1), same
+masks, same kernel. Only float rounding differs. tests/test_shared_prefix.py checks log-probs, entropies
+and gradients against TRL's path.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFunction
+
+# Per-token fields TRL's GRPO trainer asks its fused head for (grpo_trainer.add_fused_lm_head(outputs=...)).
+_FIELDS = ("log_probs", "entropy")
+
+
+def unsupported_reason(model) -> str | None:
+    """Why this model cannot share prefixes (None when it can); checked once, when the trainer is built."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if config is not model.config:
+        return "a multimodal model"
+    if hasattr(model, "get_base_model"):
+        return "a PEFT-wrapped model"
+    # TRL's fused head applies these; this path passes the defaults, so it must not see a model that sets them.
+    for name in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+                 "logits_scaling"):
+        if getattr(config, name, None) is not None:
+            return f"a model with {name}"
+    if getattr(config, "output_router_logits", False):
+        return "a mixture-of-experts model"
+    if not hasattr(model, "base_model") or model.get_output_embeddings() is None:
+        return "a model without a separate backbone and LM head"
+    return None
+
+
+def checkpointing(model) -> bool:
+    """Whether activation checkpointing is on (it runs layers without their KV cache)."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+def group_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of one row per distinct (prompt, mask) and, for every row, which distinct prompt it holds."""
+    keys = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), keys.size(0), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(keys.size(0)), reduce="amin")
+    return first, inverse
+
+
+def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                     temperature: float, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Per-token log-probs (and entropies) of the last `logits_to_keep` tokens, as TRL's
+    `_get_per_token_logps_and_entropies` returns them for one chunk; None when no prompt repeats in the chunk."""
+    prompt_len = input_ids.size(1) - logits_to_keep
+    if prompt_len < 1:
+        return None
+    first, inverse = group_rows(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
+    if first.numel() == input_ids.size(0):
+        return None
+    backbone = model.base_model
+    # transformers 5 renamed `past_key_values` to `cache` in a minor release; the pin allows both.
+    cache_kwarg = "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
+    cache = DynamicCache(config=model.config)
+    prefix = backbone(input_ids=input_ids[first, :prompt_len], attention_mask=attention_mask[first, :prompt_len],
+                      use_cache=True, **{cache_kwarg: cache})
+    cache.reorder_cache(inverse)
+    rest = backbone(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask, use_cache=True,
+                    **{cache_kwarg: cache})
+    # The position before each token predicts it: the prompt's last position predicts the first completion token.
+    hidden = torch.cat([prefix.last_hidden_state[:, -1:].index_select(0, inverse), rest.last_hidden_state[:, :-1]],
+                       dim=1)
+    labels = input_ids[:, prompt_len:]
+    mask = attention_mask[:, prompt_len:].bool()
+    head = model.get_output_embeddings()
+    fields = _FIELDS if compute_entropy else _FIELDS[:1]
+    per_token = _ChunkedLogProbFunction.apply(hidden.reshape(-1, hidden.size(-1)), head.weight, head.bias,
+                                              labels.reshape(-1), temperature, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
+                                              fields)
+    logps = per_token[0].view(mask.shape).masked_fill(~mask, 0)
+    entropy = per_token[1].view(mask.shape).masked_fill(~mask, 0) if compute_entropy else None
+    return logps, entropy
