@@ -14,6 +14,7 @@ and gradients against TRL's path.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -48,6 +49,13 @@ def checkpointing(model) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(backbone_type: type) -> str:
+    """transformers 5 renamed the backbone's `past_key_values` argument to `cache` in a minor release; the pin
+    allows both."""
+    return "cache" if "cache" in inspect.signature(backbone_type.forward).parameters else "past_key_values"
+
+
 def group_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices of one row per distinct (prompt, mask) and, for every row, which distinct prompt it holds."""
     keys = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
@@ -68,8 +76,7 @@ def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     if first.numel() == input_ids.size(0):
         return None
     backbone = model.base_model
-    # transformers 5 renamed `past_key_values` to `cache` in a minor release; the pin allows both.
-    cache_kwarg = "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
+    cache_kwarg = _cache_kwarg(type(backbone))
     cache = DynamicCache(config=model.config)
     prefix = backbone(input_ids=input_ids[first, :prompt_len], attention_mask=attention_mask[first, :prompt_len],
                       use_cache=True, **{cache_kwarg: cache})
