@@ -86,18 +86,23 @@ def convert_packaged_gguf(package: str, cache_dir: str | Path) -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantized.state_dict(), strict=True)
     plain.generation_config = quantized.generation_config
+    _save_model_dir(plain, tokenizer, target)
+    return target
+
+
+def _save_model_dir(model, tokenizer, target: Path) -> None:
+    """Write a model directory beside `target` and rename it into place, so a killed write never leaves a
+    half directory."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside the target and renamed, so a killed conversion never leaves a half directory.
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
-        plain.save_pretrained(tmp)
+        model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if not _is_model_dir(target):  # another process may have won the rename
             raise
-    return target
 
 
 def _hub_cached(repo_id: str, revision: str | None) -> bool:
@@ -167,6 +172,16 @@ def tiny_random(model_cfg, cache_dir: str | Path, seed: int):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
+    # Saved once per shape and seed so the model has a path: TRL loads its reference model (train.beta > 0)
+    # from the policy's name_or_path.
+    shape = "-".join(str(model_cfg[k]) for k in ("tiny_layers", "tiny_hidden", "tiny_heads", "tiny_kv_heads",
+                                                  "tiny_intermediate"))
+    # the transformers version is in the name: another release may initialise the same seed differently
+    target = (Path(cache_dir).expanduser() / "models"
+              / f"tiny_random-{shape}-seed{seed}-transformers{_package_version('transformers')}")
+    if not _is_model_dir(target):
+        _save_model_dir(model, tokenizer, target)
+    model.name_or_path = model.config._name_or_path = str(target)
     return model, tokenizer
 
 

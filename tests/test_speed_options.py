@@ -31,6 +31,7 @@ OPTIONS = {
     "train=fast": ["train=fast"],
     "shared_prefix=false": ["train.shared_prefix=false"],
     "gradient_checkpointing": ["train.gradient_checkpointing=true"],
+    "beta=0.04 (reference model)": ["train.beta=0.04"],
 }
 
 
@@ -106,6 +107,9 @@ def test_option_makes_a_correct_grpo_step(name, tmp_path, plain_run):
     assert len(seen) == max(spg, 1)
     if spg > 1:  # off-policy steps: TRL must carry the old policy's logprobs for the clipped ratio
         assert all("old_per_token_logps" in s for s in seen)
+    if name.startswith("beta"):  # TRL loaded a reference model and logged the KL to it
+        assert trainer.ref_model is not None
+        assert all(math.isfinite(row["kl"]) for row in trainer.state.log_history if "loss" in row)
     if "static" in name:
         assert trainer.args.cache_implementation == "static"
 
