@@ -48,12 +48,25 @@ def check_group_choices(args: list[str], multirun: bool) -> None:
                 raise ConfigError(f"unknown {group} option '{choice}'; valid choices: {', '.join(group_options(group))}")
 
 
-def _valid_keys(config_name: str, key: str) -> str:
-    from hydra import compose
+def compose(config_name: str, overrides: list[str] | None = None):
+    """The config `python -m grpo_exp.<entrypoint> <overrides>` would get (config_name: train or evaluate),
+    composed with Hydra's API, inside a running Hydra app or outside one."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    import grpo_exp.config  # noqa: F401  (registers the schema)
+
+    overrides = list(overrides or [])
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name=config_name, overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides)
+
+
+def _valid_keys(config_name: str, key: str) -> str:
     parent = key.rsplit(".", 1)[0] if "." in key else None
     try:
-        cfg = compose(config_name=config_name)
+        cfg = compose(config_name)
         node = OmegaConf.select(cfg, parent) if parent else cfg
         keys = sorted(str(k) for k in node.keys()) if node is not None and hasattr(node, "keys") else []
     except Exception:
@@ -78,7 +91,6 @@ def check_overrides(config_name: str, args: list[str], validate: Callable | None
     `validate(cfg)` runs the semantic checks on the composed config, still before any model loads
     and before Hydra creates a run directory.
     """
-    from hydra import compose, initialize_config_dir
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     multirun = any(a in ("-m", "--multirun") for a in args)
@@ -86,23 +98,22 @@ def check_overrides(config_name: str, args: list[str], validate: Callable | None
     if multirun or any(a.startswith("-") for a in args):
         return  # sweeps and Hydra flags are composed per job by Hydra itself
     overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        try:
-            cfg = compose(config_name=config_name, overrides=overrides)
-        except Exception as err:
-            cause = err.__cause__ or err
-            bad = next((a for a in overrides if a.split("=", 1)[0].lstrip("+~") in str(err)), None)
-            if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and bad:
-                key = bad.split("=", 1)[0].lstrip("+~")
-                raise ConfigError(f"unknown config key '{key}'{_valid_keys(config_name, key)}") from None
-            raise ConfigError(_one_line(err)) from None
-        if "cpu" in cfg:
-            from grpo_exp import cpu
+    try:
+        cfg = compose(config_name, overrides)
+    except Exception as err:
+        cause = err.__cause__ or err
+        bad = next((a for a in overrides if a.split("=", 1)[0].lstrip("+~") in str(err)), None)
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and bad:
+            key = bad.split("=", 1)[0].lstrip("+~")
+            raise ConfigError(f"unknown config key '{key}'{_valid_keys(config_name, key)}") from None
+        raise ConfigError(_one_line(err)) from None
+    if "cpu" in cfg:
+        from grpo_exp import cpu
 
-            # OpenMP reads its settings once, when torch loads, and the checks below may load torch
-            cpu.prepare_env(cfg.cpu)
-        if validate is not None:
-            validate(cfg)
+        # OpenMP reads its settings once, when torch loads, and the checks below may load torch
+        cpu.prepare_env(cfg.cpu)
+    if validate is not None:
+        validate(cfg)
 
 
 def guarded(main: Callable[[], None], config_name: str, validate: Callable | None = None) -> None:

@@ -30,15 +30,9 @@ def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_f
 
 def compose_stage(overrides: list[str]):
     """The config `python -m grpo_exp.train <overrides>` would get, composed with Hydra's API."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from grpo_exp.cli import compose
 
-    from grpo_exp.cli import CONF_DIR
-
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="train", overrides=overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
+    return compose("train", overrides)
 
 
 def transfer_metrics(matrix: list[list[float]]) -> dict:

@@ -96,17 +96,10 @@ def set_settings(cfg, name: str) -> tuple[DictConfig, int]:
 
 
 def _compose(overrides: list[str]) -> DictConfig:
-    """conf/evaluate.yaml with `overrides`, inside or outside a running Hydra app. (Not
-    grpo_exp.curriculum.compose_stage: importing it pulls in TRL, seconds before a one-line error.)"""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    """conf/evaluate.yaml with `overrides`, inside or outside a running Hydra app."""
+    from grpo_exp.cli import compose
 
-    from grpo_exp.cli import CONF_DIR
-
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="evaluate", overrides=overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="evaluate", overrides=overrides)
+    return compose("evaluate", overrides)
 
 
 def check(cfg) -> Path | None:

@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = ROOT / "conf"
 PROFILE_PARTS = ("generation", "old_logprobs", "rewards", "policy_forward", "extra_loss", "backward", "optimizer")
 
 
@@ -288,7 +287,7 @@ def main(argv=None) -> int:
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
 
     main_table = table(results, ratio_of)
-    md = [f"# Benchmark: grpo-exp vs plain TRL GRPOTrainer\n", f"`{report['command']}`\n",
+    md = ["# Benchmark: grpo-exp vs plain TRL GRPOTrainer\n", f"`{report['command']}`\n",
           f"Machine: {report['machine']}\n", main_table, ""]
     prof = profile_table(results)
     if prof:
@@ -404,14 +403,9 @@ class StepRecorder:
 
 
 def compose(overrides: list[str], output_dir: Path):
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from grpo_exp.cli import compose as compose_config
 
-    import grpo_exp.config  # noqa: F401  (registers the schema)
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=[*overrides, f"paths.output_dir={output_dir}"])
+    return compose_config("train", [*overrides, f"paths.output_dir={output_dir}"])
 
 
 def plain_trl_config(train, output_dir: Path, reward_weights: list[float], max_steps: int):

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from grpo_exp.cli import CONF_DIR, EXIT_BAD_INPUT, check_overrides, group_options  # noqa: E402
+from grpo_exp.cli import EXIT_BAD_INPUT, check_overrides, compose, group_options  # noqa: E402
 from grpo_exp.errors import ConfigError  # noqa: E402
 
 
@@ -74,11 +74,8 @@ def main(argv: list[str]) -> int:
 
         overrides, checkpoints = plan(args)
         check_overrides("evaluate", overrides, check)  # one-line errors for keys, values, sets, paths
-        from hydra import compose, initialize_config_dir
-
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="evaluate", overrides=overrides)
-            sets = load_sets(cfg)  # data errors surface before any model loads
+        cfg = compose("evaluate", overrides)
+        sets = load_sets(cfg)  # data errors surface before any model loads
         models = {label: resolve_checkpoint(path) for label, path in checkpoints.items()}
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

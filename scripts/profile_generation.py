@@ -37,17 +37,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from hydra import compose, initialize_config_dir
-
-    import grpo_exp.config  # noqa: F401  (registers the schema)
     from grpo_exp import cpu
-    from grpo_exp.cli import check_group_choices
+    from grpo_exp.cli import check_group_choices, compose
     from grpo_exp.errors import ConfigError
 
     try:
         check_group_choices([f"model={args.model}"], False)
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[f"model={args.model}", f"cpu.threads={args.threads}"])
+        cfg = compose("train", [f"model={args.model}", f"cpu.threads={args.threads}"])
         cpu.prepare_env(cfg.cpu)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

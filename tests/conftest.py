@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-import grpo_exp.config  # noqa: F401  (registers the schema)
+from grpo_exp.cli import compose
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -19,9 +18,8 @@ SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 
 
 def compose_cfg(overrides: list[str], output_dir: Path | str, config_name: str = "train"):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=[*overrides, f"paths.output_dir={output_dir}"])
+    GlobalHydra.instance().clear()  # a test may have left Hydra initialised
+    return compose(config_name, [*overrides, f"paths.output_dir={output_dir}"])
 
 
 @pytest.fixture
