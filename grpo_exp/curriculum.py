@@ -12,7 +12,8 @@ from grpo_exp import cpu, models
 from grpo_exp.config import validate
 from grpo_exp.evaluation import evaluate
 from grpo_exp.runio import write_json
-from grpo_exp.training import finished_metrics, stage_examples, train
+from grpo_exp.evaluate import held_out_split
+from grpo_exp.training import finished_metrics, train
 
 # Overrides that the curriculum sets per stage itself.
 _PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resume")
@@ -67,7 +68,8 @@ def _evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list,
     model, tokenizer = models.load(model_cfg, cache_dir, seed=seed, init_from=model_dir)
     results = []
     for stage_cfg in stage_cfgs:
-        examples = stage_examples(stage_cfg, "test", stage_cfg.stage)[:limit]
+        # the problems `python -m grpo_exp.evaluate` scores for this stage with eval.limit=limit
+        examples = held_out_split(stage_cfg.stage, limit, stage_cfg.train.seed)[:limit]
         metrics, _ = evaluate(model, tokenizer, examples, system_prompt=stage_cfg.reward.system_prompt,
                               max_new_tokens=stage_cfg.train.max_completion_length, batch_size=batch_size,
                               seed=seed, desc=f"eval {stage_cfg.stage.name}")

@@ -137,14 +137,20 @@ def load_sets(cfg) -> list[EvalSet]:
     sets = []
     for name in set_names(cfg):
         stage, max_new_tokens = set_settings(cfg, name)
-        limit = cfg.eval.limit
-        # Generated sets: stay within the held-out size a training run excluded from its train split.
-        num_test = max(stage.num_test, limit) if stage.dataset == "gsm8k" else stage.num_test
-        split = data.build_examples(stage.dataset, "test", num_train=0, num_test=num_test, seed=cfg.train.seed,
-                                    path=stage.path, hub_id=stage.hub_id, hub_config=stage.hub_config)
+        split = held_out_split(stage, cfg.eval.limit, cfg.train.seed)
         source = "generated" if stage.dataset in data.LEVELS else str(stage.path or stage.hub_id)
-        sets.append(EvalSet(name, stage.dataset, max_new_tokens, source, split[:limit], len(split)))
+        sets.append(EvalSet(name, stage.dataset, max_new_tokens, source, split[:cfg.eval.limit], len(split)))
     return sets
+
+
+def held_out_split(stage, limit: int, seed: int) -> list[dict]:
+    """The held-out test split of a stage that evaluations draw their first `limit` problems from."""
+    from grpo_exp import data
+
+    # Generated sets: stay within the held-out size a training run excluded from its train split.
+    num_test = max(stage.num_test, limit) if stage.dataset == "gsm8k" else stage.num_test
+    return data.build_examples(stage.dataset, "test", num_train=0, num_test=num_test, seed=seed, path=stage.path,
+                               hub_id=stage.hub_id, hub_config=stage.hub_config)
 
 
 def load_model(cfg, model_dir: Path | None = None):

@@ -107,6 +107,23 @@ def test_gsm8k_jsonl_set_loads_and_scores(tmp_path, gsm8k_dir):
     assert load_sets(cfg3)[0].examples[:2] == basic.examples
 
 
+def test_curriculum_scores_the_problems_evaluate_scores(tmp_path, gsm8k_dir, monkeypatch):
+    """The accuracy matrix and `python -m grpo_exp.evaluate` read the same held-out problems, also for a
+    GSM8K stage whose stage.num_test is below the limit."""
+    from grpo_exp import curriculum
+
+    cfg = compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=1", "eval.limit=3"], tmp_path)
+    expected = load_sets(compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=1",
+                                      "eval.limit=3"], tmp_path, config_name="evaluate"))[0].examples
+    assert len(expected) == 3
+    seen = []
+    monkeypatch.setattr(curriculum.models, "load", lambda *a, **k: (None, None))
+    monkeypatch.setattr(curriculum, "evaluate", lambda model, tok, examples, **kw: (seen.append(examples), None))
+    curriculum._evaluate_dir(cfg.model, cfg.paths.cache_dir, None, [cfg], limit=3, batch_size=3,
+                             seed=cfg.train.seed)
+    assert seen == [expected]
+
+
 def test_other_sets_take_their_stage_settings_and_eval_overrides(tmp_path):
     cfg = compose_cfg(["stage=basic", "train.max_completion_length=20", "eval.sets=[basic,advanced]"], tmp_path)
     assert set_settings(cfg, "basic")[1] == 20  # the current stage keeps command-line overrides
