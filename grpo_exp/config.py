@@ -255,7 +255,8 @@ def resolve_precision(precision: str) -> str:
 
 
 def generation_batch(train: Any) -> tuple[int, int]:
-    """(completions per generation round, optimizer steps it feeds), as GRPOConfig derives them."""
+    """(completions per generation round, per-device batches it feeds), as GRPOConfig derives them. The
+    second is TRL's steps_per_generation: optimizer steps only when gradient_accumulation_steps is 1."""
     per_step = train.per_device_train_batch_size
     if train.generation_batch_size is not None and train.steps_per_generation is not None:
         raise ConfigError(
