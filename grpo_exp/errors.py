@@ -7,3 +7,8 @@ class ConfigError(ValueError):
 
 class TrainingHalted(RuntimeError):
     """Training stopped itself (a NaN/inf loss or reward); the last good checkpoint is kept."""
+
+
+class DiskFullError(TrainingHalted):
+    """A checkpoint or model directory could not be written for lack of disk space; what was already
+    written (the last complete checkpoint, the previous model/) is kept."""

@@ -6,13 +6,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from grpo_exp.errors import ConfigError
+from grpo_exp.runio import save_model_dir
 
 # Base models ship without a chat template; GRPO prompts are chat messages, so give them a plain one.
 PLAIN_CHAT_TEMPLATE = (
@@ -86,23 +85,8 @@ def convert_packaged_gguf(package: str, cache_dir: str | Path) -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantized.state_dict(), strict=True)
     plain.generation_config = quantized.generation_config
-    _save_model_dir(plain, tokenizer, target)
+    save_model_dir(plain, tokenizer, target, keep_existing=True)
     return target
-
-
-def _save_model_dir(model, tokenizer, target: Path) -> None:
-    """Write a model directory beside `target` and rename it into place, so a killed write never leaves a
-    half directory."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not _is_model_dir(target):  # another process may have won the rename
-            raise
 
 
 def _hub_cached(repo_id: str, revision: str | None) -> bool:
@@ -180,7 +164,7 @@ def tiny_random(model_cfg, cache_dir: str | Path, seed: int):
     target = (Path(cache_dir).expanduser() / "models"
               / f"tiny_random-{shape}-seed{seed}-transformers{_package_version('transformers')}")
     if not _is_model_dir(target):
-        _save_model_dir(model, tokenizer, target)
+        save_model_dir(model, tokenizer, target, keep_existing=True)
     model.name_or_path = model.config._name_or_path = str(target)
     return model, tokenizer
 

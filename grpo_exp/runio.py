@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from grpo_exp.errors import ConfigError
+from grpo_exp.errors import ConfigError, DiskFullError
+
+# Below this much free space a failed write is reported as a full disk.
+LOW_DISK_BYTES = 64 * 2**20
 
 
 def write_json(path: str | Path, data) -> None:
@@ -26,14 +30,37 @@ def write_json(path: str | Path, data) -> None:
         raise
 
 
-def save_model_dir(model, tokenizer, target: str | Path) -> Path:
-    """Save an HF model directory atomically: a complete new one replaces the old one, or nothing changes."""
+def disk_full_reason(err: BaseException, target: str | Path) -> str | None:
+    """One line saying that writing `target` failed because its disk is full, else None.
+
+    torch.save reports a full disk only as "unexpected pos", with no errno, so the free space is
+    checked too. Call it before cleaning up the partial write, which frees space again."""
+    target = Path(target)
+    probe = next((p for p in (target, *target.parents) if p.exists()), Path(os.sep))
+    free = shutil.disk_usage(probe).free
+    if getattr(err, "errno", None) != errno.ENOSPC and free >= LOW_DISK_BYTES:
+        return None
+    return f"{target.name} not written: the disk holding {probe} is full ({free // 2**20} MB free)"
+
+
+def save_model_dir(model, tokenizer, target: str | Path, keep_existing: bool = False) -> Path:
+    """Save an HF model directory atomically: a complete new one replaces the old one, or nothing changes.
+
+    keep_existing: a directory already at `target` wins (a cache another process may be reading)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if keep_existing:
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not target.exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # another process's directory is already in place
+            return target
         old = None
         if target.exists():
             old = target.with_name(target.name + ".old")
@@ -42,8 +69,11 @@ def save_model_dir(model, tokenizer, target: str | Path) -> Path:
         os.replace(tmp, target)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as err:
+        full = disk_full_reason(err, target) if isinstance(err, Exception) else None
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFullError(f"{full}; nothing at {target} was changed") from err
         raise
     return target
 

@@ -22,6 +22,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from grpo_exp import checkpoints, shared_prefix
 from grpo_exp.config import resolve_precision
+from grpo_exp.errors import DiskFullError
+from grpo_exp.runio import disk_full_reason
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
 _NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix"}
@@ -167,6 +169,11 @@ class GrpoExpTrainer(GRPOTrainer):
             written = staging / final.name
             checkpoints.write_state(written, {**self.run_state, "global_step": self.state.global_step})
             checkpoints.publish(written, final)
+        except Exception as err:
+            full = disk_full_reason(err, final)  # before the cleanup below frees the partial write's space
+            if full:
+                raise DiskFullError(f"{full}; the last complete checkpoint is kept") from err
+            raise
         finally:
             self.args.output_dir = original
             shutil.rmtree(staging, ignore_errors=True)

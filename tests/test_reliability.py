@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grpo_exp import checkpoints
-from grpo_exp.errors import ConfigError, TrainingHalted
+from grpo_exp.errors import ConfigError, DiskFullError, TrainingHalted
 from grpo_exp.runio import read_jsonl
 from tests.conftest import ROOT, compose_cfg
 
@@ -175,3 +175,43 @@ def test_unwritable_output_directory_is_a_clear_error(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(ConfigError, match="cannot write to the output directory"):
         train(compose_cfg(["debug=smoke", "logger=none"], blocker / "run"))
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp_path, test_rewards):
+    """A real ENOSPC: checkpoint-4's trainer_state.json is a link to /dev/full, where every write fails."""
+    from grpo_exp.training import train
+
+    cfg = compose_cfg([*SPREAD, "train.max_steps=4", "train.save_steps=2"], tmp_path)
+    doomed = checkpoints.staging_dir(tmp_path / "checkpoints" / "checkpoint-4") / "checkpoint-4"
+    doomed.mkdir(parents=True)
+    (doomed / "trainer_state.json").symlink_to("/dev/full")
+    with pytest.raises(DiskFullError, match=r"checkpoint-4 not written: the disk holding .* is full") as info:
+        train(cfg)
+    assert "\n" not in str(info.value) and "last complete checkpoint is kept" in str(info.value)
+    ckpts = checkpoints.complete_checkpoints(tmp_path / "checkpoints")
+    assert [p.name for p in ckpts] == ["checkpoint-2"]
+    assert not list((tmp_path / "checkpoints").glob(".staging-*"))  # the partial write is gone
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(ckpts[0])  # loadable
+
+
+def test_a_full_disk_while_saving_model_dir_changes_nothing(tmp_path):
+    from grpo_exp import models
+    from grpo_exp.runio import save_model_dir
+
+    cfg = compose_cfg(["debug=smoke"], tmp_path / "run")
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    target = save_model_dir(model, tokenizer, tmp_path / "model")
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+
+    class FullDisk:  # a tokenizer whose files land on a full disk, as a real one would fail there
+        def save_pretrained(self, directory):
+            with open("/dev/full", "w") as fh:
+                fh.write("x" * 65536)
+                fh.flush()
+
+    with pytest.raises(DiskFullError, match="model not written: the disk holding .* is full"):
+        save_model_dir(model, FullDisk(), target)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left
