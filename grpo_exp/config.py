@@ -55,6 +55,8 @@ class StageConfig:
     hub_config: str = "main"
     num_train: int = 2000
     num_test: int = 200
+    # held-out share: of the expression space (generated levels) or of a single GSM8K file
+    test_fraction: float = 0.2
 
 
 @dataclass
@@ -133,15 +135,25 @@ class LoggerConfig:
 class EvalConfig:
     """Ground-truth evaluation (grpo_exp.evaluate, and training runs with after_train=true)."""
 
-    after_train: bool = False
+    # after training: evaluate the trained model and the base model it started from on the same
+    # held-out problems, and print a before/after table with a paired McNemar test
+    after_train: bool = True
     # names from conf/stage (basic, intermediate, advanced, gsm8k); empty: the current stage
     sets: List[str] = field(default_factory=list)
-    limit: int = 100  # problems per set: a fixed seeded subset of the held-out split
-    batch_size: int = 16
+    limit: int = 200  # problems per set: a fixed seeded subset of the held-out split
+    batch_size: int = 32
     max_new_tokens: Optional[int] = None  # None: each set's stage max_completion_length
     do_sample: bool = False  # greedy by default
     temperature: float = 1.0
     seed: int = 0
+    # pass@k (unbiased estimator, Chen et al. 2021) from `num_samples` completions per problem sampled
+    # at eval.temperature, beside the greedy accuracy; e.g. eval.pass_k=[1,8]. Empty: greedy only.
+    pass_k: List[int] = field(default_factory=list)
+    num_samples: Optional[int] = None  # None: the largest k
+    # during training: greedy accuracy on the first `every_limit` held-out problems every N steps
+    # (eval/<set>/accuracy in history.jsonl and wandb); null turns it off
+    every_steps: Optional[int] = 20
+    every_limit: int = 50
 
 
 @dataclass
@@ -341,6 +353,23 @@ def validate_eval(ev: Any) -> None:
     _require(ev.max_new_tokens is None or ev.max_new_tokens >= 1,
              f"eval.max_new_tokens={ev.max_new_tokens} must be a positive integer or null (the stage's length)")
     _require(math.isfinite(ev.temperature) and ev.temperature > 0, f"eval.temperature={ev.temperature} must be > 0")
+    _require(ev.every_steps is None or ev.every_steps >= 1,
+             f"eval.every_steps={ev.every_steps} must be a positive integer (or null to turn it off)")
+    _require(ev.every_limit >= 1, f"eval.every_limit={ev.every_limit} must be a positive integer")
+    for k in ev.pass_k:
+        _require(k >= 1, f"eval.pass_k has k={k}; every k must be a positive integer")
+    samples = pass_k_samples(ev)
+    _require(samples is None or samples >= 1, f"eval.num_samples={ev.num_samples} must be a positive integer")
+    for k in ev.pass_k:
+        _require(k <= samples, f"eval.pass_k has k={k}, above the {samples} samples per problem "
+                               f"(eval.num_samples={samples}); raise eval.num_samples or lower k")
+
+
+def pass_k_samples(ev: Any) -> int | None:
+    """Completions sampled per problem for pass@k: eval.num_samples, or the largest k."""
+    if ev.num_samples is not None:
+        return ev.num_samples
+    return max(ev.pass_k) if ev.pass_k else None
 
 
 def validate(cfg: Any) -> None:
@@ -359,6 +388,8 @@ def validate(cfg: Any) -> None:
                  f"with train.jsonl/test.jsonl, or leave it empty to load {cfg.stage.hub_id} from the hub")
     if cfg.stage.dataset != "gsm8k":  # for GSM8K, 0 means the whole split
         _require(cfg.stage.num_train >= 1, f"stage.num_train={cfg.stage.num_train} must be >= 1")
+    _require(0 < cfg.stage.test_fraction < 1,
+             f"stage.test_fraction={cfg.stage.test_fraction} must be between 0 and 1 (exclusive)")
     _choice("quantization.method", cfg.quantization.method, QUANT_METHODS)
     _choice("logger.name", cfg.logger.name, LOGGERS)
     _choice("logger.mode", cfg.logger.mode, ("offline", "online", "disabled"))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from grpo_exp import config as _schemas  # noqa: F401  (registers the structured-config schemas)
 from grpo_exp.cli import CONF_DIR, EXIT_BAD_INPUT, guarded, report_config_error
@@ -109,6 +109,8 @@ def check(cfg) -> Path | None:
 
     validate(cfg)  # includes eval.* (known set names, sizes)
     model_dir = resolve_checkpoint(cfg.get("checkpoint"))
+    with open_dict(cfg):
+        cfg.data_seed_from = use_recorded_split(cfg, model_dir)
     if model_dir is None:
         check_available(cfg.model, cfg.paths.cache_dir)
     for name in set_names(cfg):
@@ -117,9 +119,9 @@ def check(cfg) -> Path | None:
             if not Path(stage.path).exists():
                 raise ConfigError(f"stage.path={stage.path} (GSM8K set '{name}') does not exist; give a GSM8K JSONL "
                                   f"file or a directory holding test.jsonl, or leave it empty for the hub")
-            from grpo_exp.data import gsm8k
-
-            gsm8k.load(stage.path, "test", stage.hub_id, stage.hub_config)  # a bad line fails here, named
+            held_out_split(stage, cfg.eval.limit, cfg.train.seed, name)  # a bad line or a short split fails here
+        elif stage.dataset != "gsm8k" and cfg.eval.limit > stage.num_test:
+            held_out_split(stage, cfg.eval.limit, cfg.train.seed, name)  # raises: the split is too small
     return model_dir
 
 
@@ -128,29 +130,68 @@ def check(cfg) -> Path | None:
 def load_sets(cfg) -> list[EvalSet]:
     """The problems of every eval set: the first eval.limit of its held-out test split.
 
-    The held-out split is the one training leaves out (drawn with train.seed; GSM8K: its test
-    file, shuffled with train.seed), so the same config always gives the same problems, smaller
-    limits give a prefix of larger ones, and curriculum runs score the same problems.
+    The held-out split is the one training leaves out (drawn with the data seed, train.seed or the
+    seed recorded by the checkpoint's run; GSM8K: its test file, shuffled with that seed), so the
+    same config always gives the same problems, smaller limits give a prefix of larger ones, and
+    curriculum runs score the same problems.
     """
     from grpo_exp import data
 
     sets = []
     for name in set_names(cfg):
         stage, max_new_tokens = set_settings(cfg, name)
-        split = held_out_split(stage, cfg.eval.limit, cfg.train.seed)
+        split = held_out_split(stage, cfg.eval.limit, cfg.train.seed, name)
         source = "generated" if stage.dataset in data.LEVELS else str(stage.path or stage.hub_id)
         sets.append(EvalSet(name, stage.dataset, max_new_tokens, source, split[:cfg.eval.limit], len(split)))
     return sets
 
 
-def held_out_split(stage, limit: int, seed: int) -> list[dict]:
-    """The held-out test split of a stage that evaluations draw their first `limit` problems from."""
+def held_out_split(stage, limit: int, seed: int, name: str | None = None) -> list[dict]:
+    """The held-out test split of a stage that evaluations draw their first `limit` problems from;
+    a split smaller than `limit` is a one-line ConfigError naming both numbers."""
     from grpo_exp import data
 
-    # Generated sets: stay within the held-out size a training run excluded from its train split.
-    num_test = max(stage.num_test, limit) if stage.dataset == "gsm8k" else stage.num_test
-    return data.build_examples(stage.dataset, "test", num_train=0, num_test=num_test, seed=seed, path=stage.path,
-                               hub_id=stage.hub_id, hub_config=stage.hub_config)
+    name = name or stage.name
+    if stage.dataset in data.LEVELS and limit > stage.num_test:
+        raise ConfigError(f"eval set '{name}' holds {stage.num_test} held-out problems (stage.num_test) but "
+                          f"{limit} were asked for (eval.limit={limit}); lower the limit or raise stage.num_test")
+    split = data.build_examples(stage.dataset, "test", num_train=0, num_test=stage.num_test, seed=seed,
+                                path=stage.path, hub_id=stage.hub_id, hub_config=stage.hub_config,
+                                test_fraction=stage.test_fraction)
+    if len(split) < limit:
+        raise ConfigError(f"eval set '{name}' holds {len(split)} held-out problems but {limit} were asked for "
+                          f"(eval.limit={limit}); lower the limit or use a larger test split")
+    return split
+
+
+def recorded_data_settings(model_dir: Path | None) -> dict | None:
+    """The data seed and stage of the training run a checkpoint came from (its .hydra/config.yaml),
+    so the checkpoint is scored on the split that run held out; None for a base model or a bare dir."""
+    if model_dir is None:
+        return None
+    for saved in (model_dir / ".hydra" / "config.yaml", model_dir.parent / ".hydra" / "config.yaml"):
+        if saved.is_file():
+            run_cfg = OmegaConf.load(saved)
+            seed = OmegaConf.select(run_cfg, "train.seed")
+            if seed is None:
+                return None
+            return {"seed": int(seed), "stage": OmegaConf.select(run_cfg, "stage"), "source": str(saved)}
+    return None
+
+
+def use_recorded_split(cfg, model_dir: Path | None) -> str:
+    """Point cfg's data seed (and, for the run's own stage, its split settings) at what the
+    checkpoint's run used; returns where the data seed came from, for eval.json."""
+    recorded = recorded_data_settings(model_dir)
+    if recorded is None:
+        return "train.seed"
+    cfg.train.seed = recorded["seed"]
+    stage = recorded["stage"]
+    if stage is not None and stage.get("name") == cfg.stage.name:
+        for key in ("num_test", "test_fraction", "path"):
+            if key in stage and not (key == "path" and cfg.stage.get("path")):
+                cfg.stage[key] = stage[key]
+    return recorded["source"]
 
 
 def load_model(cfg, model_dir: Path | None = None):
@@ -162,6 +203,7 @@ def load_model(cfg, model_dir: Path | None = None):
 
 def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -> tuple[dict, list[dict]]:
     """Per-set metrics and per-problem samples of `model` (already quantized if it should be)."""
+    from grpo_exp.config import pass_k_samples
     from grpo_exp.evaluation import evaluate
 
     ev = cfg.eval
@@ -169,7 +211,8 @@ def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -
     for s in sets:
         metrics, rows = evaluate(model, tokenizer, s.examples, system_prompt=cfg.reward.system_prompt,
                                  max_new_tokens=s.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample,
-                                 temperature=ev.temperature, seed=ev.seed, desc=" ".join(filter(None, ("eval", label, s.name))))
+                                 temperature=ev.temperature, seed=ev.seed, desc=" ".join(filter(None, ("eval", label, s.name))),
+                                 pass_k=list(ev.pass_k), num_samples=pass_k_samples(ev))
         metrics.update({"dataset": s.dataset, "source": s.source, "held_out": s.held_out,
                         "max_new_tokens": s.max_new_tokens})
         results[s.name] = metrics
@@ -202,9 +245,12 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
         "batch_size": cfg.eval.batch_size,
         "max_new_tokens": {s.name: s.max_new_tokens for s in sets},
         "decoding": "sampled" if cfg.eval.do_sample else "greedy",
-        "temperature": cfg.eval.temperature if cfg.eval.do_sample else None,
+        "temperature": cfg.eval.temperature if cfg.eval.do_sample or cfg.eval.pass_k else None,
+        "pass_k": list(cfg.eval.pass_k),
         "seed": cfg.eval.seed,
         "data_seed": cfg.train.seed,
+        "data_seed_from": cfg.get("data_seed_from") or "train.seed",
+        "split": "held-out test split (no canonical expression or source problem shared with training)",
         "reward": cfg.reward.name,
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
@@ -212,13 +258,16 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
 
 
 def format_table(results: dict[str, dict], label_key: str = "set") -> str:
-    """A markdown table of per-set (or per-variant) metrics."""
-    head = f"| {label_key} | n | accuracy | 95% CI | format | mean tokens | tokens/s | decode tokens/s | size MB |"
-    lines = [head, "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    """A markdown table of per-set (or per-variant) metrics, with pass@k columns where measured."""
+    ks = sorted({k for m in results.values() for k in m.get("pass_at_k", {})}, key=int)
+    head = (f"| {label_key} | n | accuracy | 95% CI | " + "".join(f"pass@{k} | " for k in ks)
+            + "format | mean tokens | tokens/s | decode tokens/s | size MB |")
+    lines = [head, "|---|---:|---:|---|" + "---:|" * len(ks) + "---:|---:|---:|---:|---:|"]
     for name, m in results.items():
         tps, dps = (f"{m[k]:.1f}" if m.get(k) else "n/a" for k in ("tokens_per_s", "decode_tokens_per_s"))
+        passes = "".join(f"{m['pass_at_k'][k]:.3f} | " if k in m.get("pass_at_k", {}) else " | " for k in ks)
         lines.append(f"| {name} | {m['n']} | {m['accuracy']:.3f} | [{m['accuracy_ci95_low']:.3f}, "
-                     f"{m['accuracy_ci95_high']:.3f}] | {m['format_compliance']:.3f} | "
+                     f"{m['accuracy_ci95_high']:.3f}] | {passes}{m['format_compliance']:.3f} | "
                      f"{m['mean_completion_tokens']:.1f} | {tps} | {dps} | {m['model_size_mb']:.1f} |")
     return "\n".join(lines)
 
@@ -265,12 +314,16 @@ def run(cfg) -> dict:
     return report
 
 
-def evaluate_after_train(cfg, model, tokenizer, run_dir) -> dict:
-    """`eval.after_train=true`: evaluate the just-trained policy (a quantized copy if configured).
+def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path | None = None) -> dict:
+    """`eval.after_train=true`: evaluate the just-trained policy (a quantized copy if configured) and
+    the model it started from on the same held-out problems, and compare them pairwise.
 
-    Returns the per-set metrics; eval.json and eval_samples.jsonl go to `run_dir`. A data error
-    (e.g. GSM8K unreachable) is reported on one line and returned as {"error": ...}, so the
-    training run still records its metrics.
+    Writes eval.json and eval_samples.jsonl (the trained model) and before_after.json/.md (both
+    models, with McNemar's exact test) to `run_dir`, prints the table and returns eval.json's
+    per-set metrics plus a "before_after" entry. The starting model's figures are cached per model,
+    problems and settings (the base model only), so repeated runs evaluate it once. A data error
+    (e.g. GSM8K unreachable) is reported on one line and returned as {"error": ...}, so the training
+    run still records its metrics.
     """
     try:
         sets = load_sets(cfg)
@@ -279,8 +332,78 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir) -> dict:
         return {"error": str(err)}
     saved = Path(run_dir) / "model"
     report = evaluate_model(cfg, model, tokenizer, sets, saved if saved.is_dir() else None, run_dir)
-    print(report["table"])
-    return report["sets"]
+    from grpo_exp.runio import read_jsonl
+
+    trained_samples = read_jsonl(Path(run_dir) / "eval_samples.jsonl")
+    before = starting_model_results(cfg, sets, start_model_dir)
+    comparison = before_after(sets, before, {"sets": report["sets"], "samples": trained_samples},
+                              "start" if start_model_dir else "base")
+    from grpo_exp.runio import write_json
+
+    write_json(Path(run_dir) / "before_after.json", comparison)
+    (Path(run_dir) / "before_after.md").write_text(comparison["table"] + "\n")
+    print(comparison["table"])
+    return {**report["sets"], "before_after": {name: c for name, c in comparison["sets"].items()}}
+
+
+def _base_cache_path(cfg, sets: list[EvalSet]) -> Path:
+    """Cache file of the base model's figures: keyed by everything that decides them."""
+    import hashlib
+
+    import torch
+
+    from grpo_exp.config import pass_k_samples
+
+    key = {
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "sets": [[s.name, s.dataset, s.max_new_tokens, [ex["question"] for ex in s.examples]] for s in sets],
+        "system_prompt": cfg.reward.system_prompt,
+        "eval": [cfg.eval.batch_size, cfg.eval.do_sample, cfg.eval.temperature, cfg.eval.seed,
+                 list(cfg.eval.pass_k), pass_k_samples(cfg.eval), cfg.quantization.method],
+        "torch": torch.__version__,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return Path(cfg.paths.cache_dir) / "base_eval" / f"{cfg.model.name}-{digest}.json"
+
+
+def starting_model_results(cfg, sets: list[EvalSet], start_model_dir: Path | None) -> dict:
+    """{"sets", "samples"} of the model training started from: the base model (cached) or init_from's."""
+    from grpo_exp.quantization import quantize_for_eval
+    from grpo_exp.runio import write_json
+
+    cache = _base_cache_path(cfg, sets) if start_model_dir is None else None
+    if cache is not None and cache.is_file():
+        print(f"[grpo-exp] base model figures from the cache: {cache}", flush=True)
+        return json.loads(cache.read_text())
+    model, tokenizer = load_model(cfg, start_model_dir)
+    eval_model = quantize_for_eval(model, cfg.quantization.method)
+    results, samples = evaluate_sets(eval_model, tokenizer, sets, cfg, label="before")
+    del model, eval_model
+    before = {"sets": results, "samples": samples}
+    if cache is not None:
+        write_json(cache, before)
+    return before
+
+
+def before_after(sets: list[EvalSet], before: dict, after: dict, before_label: str) -> dict:
+    """Per set: both accuracies with intervals and the paired difference with McNemar's exact p."""
+    from grpo_exp.comparison import paired
+
+    out, lines = {}, [f"| set (n) | {before_label} accuracy [95% CI] | trained accuracy [95% CI] | difference | "
+                      f"McNemar p | format {before_label} -> trained |", "|---|---|---|---|---|---|"]
+    for s in sets:
+        b, a = before["sets"][s.name], after["sets"][s.name]
+        pairs = paired([r for r in before["samples"] if r["set"] == s.name],
+                       [r for r in after["samples"] if r["set"] == s.name])
+        out[s.name] = {"n": a["n"], "before": b["accuracy"], "after": a["accuracy"],
+                       "before_ci95": [b["accuracy_ci95_low"], b["accuracy_ci95_high"]],
+                       "after_ci95": [a["accuracy_ci95_low"], a["accuracy_ci95_high"]],
+                       "format_before": b["format_compliance"], "format_after": a["format_compliance"], **pairs}
+        lines.append(f"| {s.name} ({a['n']}) | {b['accuracy']:.3f} [{b['accuracy_ci95_low']:.3f}, "
+                     f"{b['accuracy_ci95_high']:.3f}] | {a['accuracy']:.3f} [{a['accuracy_ci95_low']:.3f}, "
+                     f"{a['accuracy_ci95_high']:.3f}] | {pairs['accuracy_diff']:+.3f} | {pairs['mcnemar_p']:.2g} | "
+                     f"{b['format_compliance']:.2f} -> {a['format_compliance']:.2f} |")
+    return {"before": before_label, "sets": out, "table": "\n".join(lines)}
 
 
 # --- Hydra entrypoint ------------------------------------------------------------------------

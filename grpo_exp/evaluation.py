@@ -127,9 +127,34 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al., 2021): the chance that at
+    least one of k samples drawn without replacement from the n is correct."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def sampled_correct_counts(model, tokenizer, examples: list[dict], prompts: list[list[dict]], *, num_samples: int,
+                           max_new_tokens: int, batch_size: int, temperature: float, seed: int,
+                           desc: str) -> list[int]:
+    """How many of `num_samples` sampled completions per problem are correct."""
+    repeated = [p for p in prompts for _ in range(num_samples)]
+    texts, _, _, _ = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens,
+                                          batch_size=batch_size, do_sample=True, temperature=temperature,
+                                          seed=seed, desc=desc)
+    answers = [str(ex["answer"]) for ex in examples for _ in range(num_samples)]
+    correct = rewards.correctness(texts, answers)
+    return [int(sum(correct[i * num_samples:(i + 1) * num_samples])) for i in range(len(examples))]
+
+
 def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_new_tokens: int, batch_size: int = 8,
-             do_sample: bool = False, temperature: float = 1.0, seed: int = 0, desc: str = "eval") -> tuple[dict, list[dict]]:
-    """Generate for every problem and score against its ground truth."""
+             do_sample: bool = False, temperature: float = 1.0, seed: int = 0, desc: str = "eval",
+             pass_k: list[int] | tuple = (), num_samples: int | None = None) -> tuple[dict, list[dict]]:
+    """Generate for every problem and score against its ground truth; with `pass_k`, also sample
+    `num_samples` completions per problem at `temperature` and report pass@k for each k."""
     prompts = [to_messages(ex["question"], system_prompt) for ex in examples]
     texts, lengths, seconds, positions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                                    batch_size=batch_size, do_sample=do_sample,
@@ -145,4 +170,15 @@ def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_
         "model_size_mb": round(model_size_mb(model), 1),
         "decoding": "sampled" if do_sample else "greedy",
     })
+    if pass_k:
+        n = num_samples or max(pass_k)
+        counts = sampled_correct_counts(model, tokenizer, examples, prompts, num_samples=n,
+                                        max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                        temperature=temperature, seed=seed, desc=f"{desc} pass@k")
+        metrics["pass_at_k"] = {str(k): sum(pass_at_k(n, c, k) for c in counts) / len(counts) if counts else 0.0
+                                for k in sorted(set(pass_k))}
+        metrics["pass_samples"] = n
+        metrics["pass_temperature"] = temperature
+        for row, c in zip(samples, counts):
+            row["sampled_correct"] = c
     return metrics, samples

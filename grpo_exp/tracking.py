@@ -193,7 +193,9 @@ def _make_callback(step_offset: int, monitor):
             for key in _SUMMARY_ONLY:
                 if key in logs:
                     self._wandb.run.summary[key] = logs.pop(key)
-            row = rewrite_logs(logs)
+            # held-out figures keep their own namespace (HF would file them under train/)
+            own = {k: logs.pop(k) for k in list(logs) if k.startswith(("eval/", "forgetting/"))}
+            row = {**rewrite_logs(logs), **own}
             if not final and monitor is not None and monitor.rows and monitor.rows[-1].get("step") == state.global_step:
                 row.update(resource_metrics(monitor.rows[-1]))
             row["train/stage_step"] = state.global_step

@@ -87,6 +87,8 @@ class GrpoExpTrainer(GRPOTrainer):
         self.completions_every = completions_every
         self.run_state = run_state or {}
         self._last_sampled_step = -1
+        # figures measured outside the step (held-out accuracy): merged into the next log row
+        self.pending_logs: dict = {}
         self.share_prefixes = share_prefixes
         if share_prefixes:
             why_not = shared_prefix.unsupported_reason(self.model) or (
@@ -194,6 +196,9 @@ class GrpoExpTrainer(GRPOTrainer):
                 and (step == 1 or step % self.completions_every == 0) and self._logs["prompt"]):
             self._last_sampled_step = step
             self._write_completions(step)
+        if self.pending_logs and "train_runtime" not in logs:
+            logs = {**logs, **self.pending_logs}
+            self.pending_logs.clear()
         super().log(logs, start_time)
 
     def _write_completions(self, step: int) -> None:

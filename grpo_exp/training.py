@@ -33,7 +33,7 @@ def stage_examples(cfg, split: str, stage_cfg=None) -> list[dict]:
     stage = stage_cfg if stage_cfg is not None else cfg.stage
     return data.build_examples(
         stage.dataset, split, num_train=stage.num_train, num_test=stage.num_test, seed=cfg.train.seed,
-        path=stage.path, hub_id=stage.hub_id, hub_config=stage.hub_config,
+        path=stage.path, hub_id=stage.hub_id, hub_config=stage.hub_config, test_fraction=stage.test_fraction,
     )
 
 
@@ -142,9 +142,23 @@ class StageRun:
         trainer = build_trainer(self.cfg, model, self.tokenizer, train_dataset, self.reward_funcs, reward_weights,
                                 output_dir=self.run_dir, callbacks=[self.monitor, self.stopper],
                                 extra_loss=self.penalty, report_to=report_to, run_state=run_state)
+        if self.cfg.eval.every_steps:
+            trainer.add_callback(self.held_out_eval(trainer.pending_logs))
         if tracker is not None:
             tracker.attach(trainer, self.monitor)  # cumulative step axis + the monitor's resource figures
         return trainer
+
+    def held_out_eval(self, pending_logs: dict):
+        """The `eval.every_steps` callback: the first eval.every_limit problems of this stage's held-out split."""
+        from grpo_exp.evaluate import held_out_split
+        from grpo_exp.periodic_eval import HeldOutEvalCallback
+
+        cfg = self.cfg
+        limit = min(cfg.eval.every_limit, cfg.stage.num_test) if cfg.stage.dataset != "gsm8k" else cfg.eval.every_limit
+        examples = held_out_split(cfg.stage, limit, cfg.train.seed)[:limit]
+        return HeldOutEvalCallback(pending_logs, cfg.stage.name, examples, cfg.eval.every_steps,
+                                   system_prompt=cfg.reward.system_prompt,
+                                   max_new_tokens=cfg.train.max_completion_length, batch_size=cfg.eval.batch_size)
 
     def train_and_save(self, trainer, resume_from: Path | None, train_examples, init, threads) -> dict:
         cfg, run_dir = self.cfg, self.run_dir
@@ -188,7 +202,8 @@ class StageRun:
         if cfg.eval.after_train:
             from grpo_exp.evaluate import evaluate_after_train
 
-            metrics["eval"] = evaluate_after_train(cfg, trainer.model, self.tokenizer, run_dir)
+            metrics["eval"] = evaluate_after_train(cfg, trainer.model, self.tokenizer, run_dir,
+                                                   init[0] if init else None)
         metrics["wall_time_s"] = time.time() - self.started
         # Written last: its "completed" status is what marks the stage as done for resume.
         write_json(run_dir / "metrics.json", metrics)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import gsm8k
-from .generators import LEVELS, generate, generate_splits
+from .generators import LEVELS, TEST_FRACTION, canonical, generate, generate_splits, is_test_key
 from .gsm8k import DataFileError
 from .prompts import DEFAULT_SYSTEM_PROMPT, to_messages
 
@@ -19,14 +19,20 @@ SPLITS = ("train", "test")
 
 __all__ = [
     "DATASETS", "DEFAULT_SYSTEM_PROMPT", "DataFileError", "LEVELS", "SPLITS",
-    "build_examples", "generate", "generate_splits", "to_dataset", "to_messages",
+    "TEST_FRACTION", "build_examples", "canonical", "generate", "is_test_key", "generate_splits", "to_dataset", "to_messages",
 ]
 
 
 def build_examples(dataset: str, split: str, *, num_train: int, num_test: int, seed: int,
                    path: str | Path | None = None, hub_id: str = "openai/gsm8k",
-                   hub_config: str = "main") -> list[dict]:
-    """Problems (question, answer, level, ...) for one split of ``dataset``."""
+                   hub_config: str = "main", test_fraction: float = TEST_FRACTION) -> list[dict]:
+    """Problems (question, answer, level, ...) for one split of ``dataset``.
+
+    The two splits never share a problem: generated levels are split by canonical expression
+    (`generators.generate_splits`); GSM8K takes its train and test splits from the hub or a
+    directory's train.jsonl/test.jsonl, and a single file is split in two by a seeded hash of each
+    question, ``test_fraction`` of it held out.
+    """
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; valid datasets: {', '.join(DATASETS)}")
     if split not in SPLITS:
@@ -34,9 +40,13 @@ def build_examples(dataset: str, split: str, *, num_train: int, num_test: int, s
     if dataset in LEVELS:
         if split == "test":
             # The test split never depends on num_train, so skip generating train.
-            return generate_splits(dataset, 0, num_test, seed)[1]
-        return generate_splits(dataset, num_train, num_test, seed)[0]
-    examples = gsm8k.load(path, split, hub_id, hub_config)
+            return generate_splits(dataset, 0, num_test, seed, test_fraction)[1]
+        return generate_splits(dataset, num_train, 0, seed, test_fraction)[0]
+    if path is not None and str(path) != "" and Path(path).is_file():
+        examples = [ex for ex in gsm8k.load(path, split, hub_id, hub_config)
+                    if is_test_key(ex["question"], seed, test_fraction) == (split == "test")]
+    else:
+        examples = gsm8k.load(path, split, hub_id, hub_config)
     # Shuffle before truncating so a small subset is not just the file's first rows.
     random.Random(seed).shuffle(examples)
     limit = num_train if split == "train" else num_test

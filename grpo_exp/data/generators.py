@@ -259,6 +259,8 @@ _TEMPLATES: dict[str, tuple[Template, ...]] = {
 
 
 _MAX_CONSECUTIVE_DUPLICATES = 10_000
+# Share of each level's expression space that is held out for testing (see `is_test_key`).
+TEST_FRACTION = 0.2
 
 
 def _templates(level: str) -> tuple[Template, ...]:
@@ -269,41 +271,99 @@ def _templates(level: str) -> tuple[Template, ...]:
             f"unknown level {level!r}; valid levels: {', '.join(LEVELS)}") from None
 
 
-def _sample(level: str, n: int, rng: random.Random, exclude: frozenset[str]) -> list[dict]:
-    """``n`` problems with distinct questions, none of them in ``exclude``."""
+def canonical(expression: str) -> str:
+    """The expression's structure with operands of + and * sorted: "3 + 4" and "4 + 3" give one key.
+
+    Two problems with the same key ask for the same computation, whatever their wording, so a
+    held-out split must not share a key with training (a model could have memorised the answer).
+    Chains of one commutative operator are flattened first, so (a + b) + c equals a + (b + c).
+    """
+    import ast
+
+    def key(node: ast.AST) -> str:
+        if isinstance(node, ast.Expression):
+            return key(node.body)
+        if isinstance(node, ast.Constant):
+            return repr(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return f"(neg {key(node.operand)})"
+        if isinstance(node, ast.BinOp):
+            op = type(node.op).__name__
+            if isinstance(node.op, (ast.Add, ast.Mult)):
+                terms: list[str] = []
+                stack = [node.left, node.right]
+                while stack:
+                    term = stack.pop()
+                    if isinstance(term, ast.BinOp) and type(term.op) is type(node.op):
+                        stack.extend((term.left, term.right))
+                    else:
+                        terms.append(key(term))
+                return f"({op} {' '.join(sorted(terms))})"
+            return f"({op} {key(node.left)} {key(node.right)})"
+        raise ValueError(f"unsupported expression {expression!r}")
+
+    return key(ast.parse(expression, mode="eval"))
+
+
+def is_test_key(key: str, seed: int, test_fraction: float = TEST_FRACTION) -> bool:
+    """Whether a canonical expression belongs to the held-out side of the (seeded) partition.
+
+    Hashing the key rather than sampling test problems first keeps ``1 - test_fraction`` of every
+    template's expressions for training even where a template has few (one-digit products).
+    """
+    import hashlib
+
+    digest = hashlib.sha256(f"grpo-exp/split/{seed}/{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < test_fraction
+
+
+def _sample(level: str, n: int, rng: random.Random, accept: Callable[[str], bool],
+            distinct_keys: bool) -> list[dict]:
+    """``n`` problems with distinct questions whose canonical expression passes ``accept``.
+
+    ``distinct_keys``: also no two problems with the same computation (the held-out split).
+    """
     templates = _templates(level)
     if n < 0:
         raise ValueError(f"number of problems must be >= 0, got {n}")
-    seen = set(exclude)
+    seen: set[str] = set()
     problems: list[dict] = []
     misses = 0
     while len(problems) < n:
         question, expression, answer = rng.choice(templates)(rng)
-        if question in seen:
+        key = canonical(expression)
+        if question in seen or (distinct_keys and key in seen) or not accept(key):
             misses += 1
-            # Duplicates are rare until the question space is nearly used up.
+            # Misses are common (the partition rejects most draws) but never this many in a row
+            # until the space is nearly used up.
             if misses >= _MAX_CONSECUTIVE_DUPLICATES:
                 raise ValueError(
                     f"could not generate {n} distinct {level!r} problems "
                     f"(got {len(problems)}); ask for fewer")
             continue
         misses = 0
-        seen.add(question)
+        seen.update((question, key))
         problems.append({"question": question, "answer": str(answer),
-                         "level": level, "expression": expression})
+                         "level": level, "expression": expression, "key": key})
     return problems
 
 
 def generate(level: str, n: int, seed: int) -> list[dict]:
     """``n`` distinct problems of ``level``; the same (level, n, seed) gives the same list."""
-    return _sample(level, n, random.Random(seed), frozenset())
+    return _sample(level, n, random.Random(seed), lambda key: True, distinct_keys=False)
 
 
-def generate_splits(level: str, num_train: int, num_test: int,
-                    seed: int) -> tuple[list[dict], list[dict]]:
-    """Disjoint (train, test) splits; the test split does not depend on ``num_train``."""
+def generate_splits(level: str, num_train: int, num_test: int, seed: int,
+                    test_fraction: float = TEST_FRACTION) -> tuple[list[dict], list[dict]]:
+    """(train, test) splits that share no canonical expression.
+
+    The expression space is partitioned by a seeded hash (`is_test_key`); test problems come from
+    the held-out side with distinct expressions, training problems from the other side. Neither
+    split depends on the other's size.
+    """
     # Salted string seeds give independent, reproducible streams (str seeds hash via sha512).
-    test = _sample(level, num_test, random.Random(f"grpo-exp/{level}/test/{seed}"), frozenset())
-    held_out = frozenset(p["question"] for p in test)
-    train = _sample(level, num_train, random.Random(f"grpo-exp/{level}/train/{seed}"), held_out)
+    test = _sample(level, num_test, random.Random(f"grpo-exp/{level}/test/{seed}"),
+                   lambda key: is_test_key(key, seed, test_fraction), distinct_keys=True)
+    train = _sample(level, num_train, random.Random(f"grpo-exp/{level}/train/{seed}"),
+                    lambda key: not is_test_key(key, seed, test_fraction), distinct_keys=False)
     return train, test
