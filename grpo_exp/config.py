@@ -390,6 +390,10 @@ def validate(cfg: Any) -> None:
         _require(cfg.stage.num_train >= 1, f"stage.num_train={cfg.stage.num_train} must be >= 1")
     _require(0 < cfg.stage.test_fraction < 1,
              f"stage.test_fraction={cfg.stage.test_fraction} must be between 0 and 1 (exclusive)")
+    if cfg.stage.dataset != "gsm8k" and cfg.eval.after_train and cfg.eval.limit > cfg.stage.num_test:
+        raise ConfigError(f"eval set '{cfg.stage.name}' holds {cfg.stage.num_test} held-out problems (stage.num_test) "
+                          f"but {cfg.eval.limit} were asked for (eval.limit={cfg.eval.limit}); lower the limit or "
+                          f"raise stage.num_test")
     _choice("quantization.method", cfg.quantization.method, QUANT_METHODS)
     _choice("logger.name", cfg.logger.name, LOGGERS)
     _choice("logger.mode", cfg.logger.mode, ("offline", "online", "disabled"))

@@ -188,6 +188,11 @@ def load_job(job: Path, root: Path | None = None) -> dict:
     evaluation.update(eval_sets(eval_file))
     for name, values in evaluation.items():
         row[f"eval_{name}_accuracy"] = values.get("accuracy")
+    before_after = _read_json(job / "before_after.json") or {}
+    for name, values in (before_after.get("sets") or {}).items():
+        row[f"eval_{name}_before"] = values.get("before")
+        row[f"eval_{name}_diff"] = values.get("accuracy_diff")
+        row[f"eval_{name}_mcnemar_p"] = values.get("mcnemar_p")
     if curriculum:
         for key in CURRICULUM_METRICS:
             row[key] = curriculum.get(key)
@@ -377,6 +382,35 @@ def plot_reward_curves(jobs: list[dict], labels: list[str], out: Path) -> Path |
     return _save(plt, fig, out / "reward_curves.png")
 
 
+def plot_heldout_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
+    """Greedy held-out accuracy during training (eval.every_steps), one line per variant and set; the
+    starting model's figure from before_after.json is drawn at step 0 where the run has one."""
+    curves = []
+    for job, label in zip(jobs, labels):
+        keys = sorted({k for r in job["history"] for k in r if k.startswith("eval/") and k.endswith("/accuracy")})
+        before = (_read_json(Path(job["row"]["dir"]) / "before_after.json") or {}).get("sets") or {}
+        for key in keys:
+            name = key.split("/")[1]
+            points = [(r.get("global_step", r.get("step")), r[key]) for r in job["history"]
+                      if isinstance(r.get(key), (int, float))]
+            if name in before and points and points[0][0] > 0:
+                points.insert(0, (0, before[name]["before"]))
+            curves.append((f"{label} ({name})" if len(keys) > 1 else label, points))
+    if not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for label, points in curves:
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xlabel("step (cumulative over stages)")
+    ax.set_ylabel("greedy held-out accuracy")
+    ax.set_title("Held-out accuracy during training (step 0: the starting model on the full eval set)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, out / "heldout_accuracy.png")
+
+
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -462,7 +496,8 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
     df.to_csv(out / "report.csv", index=False)
 
     labels = variant_labels(df)
-    plots = [plot_throughput_memory(df, out), plot_reward_curves(jobs, labels, out), plot_quantization(jobs, out)]
+    plots = [plot_throughput_memory(df, out), plot_reward_curves(jobs, labels, out),
+             plot_heldout_curves(jobs, labels, out), plot_quantization(jobs, out)]
     curriculum_plots = []
     for job, label in zip(jobs, labels):
         if job["curriculum"]:

@@ -117,6 +117,41 @@ def test_splits_disjoint_and_test_independent_of_num_train(level):
     assert generate_splits(level, 400, 100, seed=8)[1] != test
 
 
+@pytest.mark.parametrize("seed", [0, 1, 42, 1234])
+@pytest.mark.parametrize("level", LEVELS)
+def test_no_test_expression_occurs_in_training(level, seed):
+    """Held out means held out: not the same computation in other words, nor with operands swapped."""
+    train, test = generate_splits(level, 2000, 200, seed=seed)
+    train_keys = {generators.canonical(p["expression"]) for p in train}
+    test_keys = [generators.canonical(p["expression"]) for p in test]
+    assert not train_keys & set(test_keys)
+    assert len(set(test_keys)) == len(test_keys)  # no computation twice in the test split either
+    # A commuted copy of a test problem is recognised as the same computation.
+    for p in test:
+        if p["expression"].count(" ") == 2 and p["expression"].split()[1] in "+*":
+            a, op, b = p["expression"].split()
+            assert generators.canonical(f"{b} {op} {a}") in set(test_keys)
+
+
+def test_canonical_expression_key():
+    c = generators.canonical
+    assert c("3 + 4") == c("4 + 3") and c("2 * 9") == c("9 * 2")
+    assert c("(1 + 2) + 3") == c("3 + (2 + 1)") and c("2 * (4 + 3) - 1") == c("(3 + 4) * 2 - 1")
+    assert c("7 - 3") != c("3 - 7") and c("12 // 3") != c("3 // 12") and c("3 + 4") != c("3 * 4")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_template_keeps_training_problems(level):
+    """The partition holds out a share of each template's expressions, never a whole template."""
+    train, _ = generate_splits(level, 2000, 200, seed=42)
+    templates = generators._TEMPLATES[level]
+    shapes = {re.sub(r"\d+", "N", p["expression"]) for p in train}
+    import random
+
+    expected = {re.sub(r"\d+", "N", t(random.Random(0))[1]) for t in templates}
+    assert expected <= shapes
+
+
 def test_impossible_request_raises(monkeypatch):
     # Single-digit products only: 81 numbers x 4 phrasings = 324 distinct questions.
     monkeypatch.setitem(generators._TEMPLATES, "basic", (generators._mul,))
@@ -235,10 +270,20 @@ def test_build_examples_gsm8k_directory(gsm8k_dir):
     assert [e["question"] for e in test] != sorted(e["question"] for e in test)
 
 
-def test_build_examples_gsm8k_file_used_for_any_split(gsm8k_dir):
-    file = gsm8k_dir / "train.jsonl"
-    test = build_examples("gsm8k", "test", num_train=0, num_test=3, seed=0, path=str(file))
-    assert len(test) == 3 and all(e["question"].startswith("Train") for e in test)
+def test_build_examples_gsm8k_single_file_is_split_disjointly(tmp_path):
+    rows = [{"question": f"Problem {i}: what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(400)]
+    file = tmp_path / "all.jsonl"
+    write_jsonl(file, [json.dumps(r) for r in rows])
+    train = build_examples("gsm8k", "train", num_train=0, num_test=0, seed=3, path=str(file))
+    test = build_examples("gsm8k", "test", num_train=0, num_test=0, seed=3, path=str(file))
+    assert not {e["question"] for e in train} & {e["question"] for e in test}
+    assert len(train) + len(test) == 400
+    assert 0.12 < len(test) / 400 < 0.28  # the stated test_fraction, 0.2
+    half = build_examples("gsm8k", "test", num_train=0, num_test=0, seed=3, path=str(file), test_fraction=0.5)
+    assert 0.4 < len(half) / 400 < 0.6
+    # another seed draws another partition, still disjoint
+    other = build_examples("gsm8k", "train", num_train=0, num_test=0, seed=4, path=str(file))
+    assert {e["question"] for e in other} != {e["question"] for e in train}
 
 
 def test_build_examples_generated_levels():

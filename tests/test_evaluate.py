@@ -112,8 +112,8 @@ def test_curriculum_scores_the_problems_evaluate_scores(tmp_path, gsm8k_dir, mon
     GSM8K stage whose stage.num_test is below the limit."""
     from grpo_exp import curriculum
 
-    cfg = compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=1", "eval.limit=3"], tmp_path)
-    expected = load_sets(compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=1",
+    cfg = compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=3", "eval.limit=3"], tmp_path)
+    expected = load_sets(compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=3",
                                       "eval.limit=3"], tmp_path, config_name="evaluate"))[0].examples
     assert len(expected) == 3
     seen = []
@@ -136,6 +136,9 @@ def test_other_sets_take_their_stage_settings_and_eval_overrides(tmp_path):
     (["checkpoint=/no/such/run"], "checkpoint=/no/such/run does not exist"),
     (["eval.sets=[basic,expert]"], "unknown eval set 'expert'"),
     (["eval.limit=0"], "eval.limit=0"),
+    (["eval.limit=300"], "holds 200 held-out problems (stage.num_test) but 300 were asked for (eval.limit=300)"),
+    (["eval.every_steps=0"], "eval.every_steps=0 must be a positive integer"),
+    (["eval.pass_k=[1,16]", "eval.num_samples=8"], "eval.pass_k has k=16, above the 8 samples per problem"),
 ])
 def test_check_fails_with_one_line(tmp_path, overrides, needle):
     cfg = compose_cfg(["model=tiny_random", *overrides], tmp_path, config_name="evaluate")
@@ -148,7 +151,12 @@ def test_evaluate_after_train_writes_eval_json(tmp_path, tiny):
     model, tokenizer = tiny
     cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", "quantization=dynamic_int8"], tmp_path)
     result = evaluate_after_train(cfg, model, tokenizer, tmp_path)
-    assert list(result) == ["basic"] and result["basic"]["n"] == 2
+    assert list(result) == ["basic", "before_after"] and result["basic"]["n"] == 2
+    comparison = json.loads((tmp_path / "before_after.json").read_text())
+    assert comparison["sets"]["basic"]["n"] == 2 and 0 <= comparison["sets"]["basic"]["mcnemar_p"] <= 1
+    assert comparison["sets"]["basic"]["after"] == result["basic"]["accuracy"]
+    assert "| basic (2) |" in (tmp_path / "before_after.md").read_text()
+
     report = json.loads((tmp_path / "eval.json").read_text())
     assert report["config"]["quantization"] == "dynamic_int8" and report["config"]["quantized_linear_layers"] == 14
     assert report["sets"]["basic"]["accuracy"] == result["basic"]["accuracy"]
@@ -182,7 +190,7 @@ def _one_line_exit_2(proc, needle):
 
 def test_entrypoint_writes_eval_json(tmp_path, gsm8k_dir):
     run_dir = tmp_path / "run"
-    proc = run_module("grpo_exp.evaluate", "model=tiny_random", "eval.limit=4", "eval.sets=[basic,gsm8k]",
+    proc = run_module("grpo_exp.evaluate", "model=tiny_random", "eval.limit=3", "eval.sets=[basic,gsm8k]",
                       f"stage.path={gsm8k_dir}", "eval.max_new_tokens=6", "eval.batch_size=4", "cpu.threads=1",
                       f"hydra.run.dir={run_dir}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -193,14 +201,14 @@ def test_entrypoint_writes_eval_json(tmp_path, gsm8k_dir):
             "seed", "data_seed", "model_size_mb", "threads"} <= cfg.keys()
     assert (cfg["model"], cfg["checkpoint"], cfg["quantization"], cfg["sets"]) == ("tiny_random", None, "none",
                                                                                     ["basic", "gsm8k"])
-    for name, n in (("basic", 4), ("gsm8k", 3)):  # the GSM8K file holds only 3 problems
+    for name, n in (("basic", 3), ("gsm8k", 3)):  # the GSM8K file holds only 3 problems
         m = report["sets"][name]
         assert m["n"] == n and 0 <= m["accuracy_ci95_low"] <= m["accuracy"] <= m["accuracy_ci95_high"] <= 1
         assert {"accuracy", "format_compliance", "mean_completion_tokens", "tokens_per_s", "peak_rss_mb",
                 "model_size_mb", "heuristic_reasoning_presence"} <= m.keys()
     samples = [json.loads(line) for line in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 7 and {"set", "question", "answer", "completion", "predicted", "correct"} <= samples[0].keys()
-    assert "| basic | 4 |" in proc.stdout
+    assert len(samples) == 6 and {"set", "question", "answer", "completion", "predicted", "correct"} <= samples[0].keys()
+    assert "| basic | 3 |" in proc.stdout
 
 
 @pytest.mark.parametrize("case", ["missing", "not_a_model", "unknown_set", "bad_jsonl"])
@@ -215,3 +223,80 @@ def test_entrypoint_bad_input_exits_2_with_one_line(tmp_path, case):
     proc = run_module("grpo_exp.evaluate", "model=tiny_random", *args, f"hydra.run.dir={tmp_path / 'run'}",
                       timeout=120, env={"HF_HUB_OFFLINE": "1"})
     _one_line_exit_2(proc, needle)
+
+
+def test_pass_at_k_matches_enumeration():
+    """The unbiased estimator equals the share of k-subsets of the n samples that hold a correct one."""
+    import itertools
+
+    from grpo_exp.evaluation import pass_at_k
+
+    for n, c, k in [(8, 0, 1), (8, 1, 1), (8, 1, 8), (8, 3, 2), (5, 2, 3), (6, 6, 4)]:
+        outcomes = [1] * c + [0] * (n - c)
+        subsets = list(itertools.combinations(range(n), k))
+        expected = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+        assert pass_at_k(n, c, k) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="pass@9 needs at least 9 samples"):
+        pass_at_k(8, 1, 9)
+
+
+def test_evaluate_reports_pass_at_k(tiny):
+    _, tokenizer = tiny
+    examples = [{"question": "What is 7 + 5?", "answer": "12"}, {"question": "What is 9 - 4?", "answer": "5"}]
+    stub = ScriptedLM(tokenizer, {"7 + 5": "The answer is 12.", "9 - 4": "The answer is 6."})
+    metrics, samples = evaluate(stub, tokenizer, examples, system_prompt="", max_new_tokens=16, batch_size=4,
+                                pass_k=[1, 4], num_samples=4, temperature=0.7)
+    # the scripted model answers the same every time: pass@k is its accuracy for every k
+    assert metrics["pass_at_k"] == {"1": 0.5, "4": 0.5}
+    assert (metrics["pass_samples"], metrics["pass_temperature"]) == (4, 0.7)
+    assert [s["sampled_correct"] for s in samples] == [4, 0]
+
+
+def _fake_run(tmp_path, tiny, seed: int):
+    """A training run directory as training leaves it: model/ and the .hydra/config.yaml it ran with."""
+    from omegaconf import OmegaConf
+
+    model, tokenizer = tiny
+    run = tmp_path / "run"
+    model.save_pretrained(run / "model")
+    tokenizer.save_pretrained(run / "model")
+    ran_with = compose_cfg(["model=tiny_random", f"train.seed={seed}"], run)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(ran_with, run / ".hydra" / "config.yaml")
+    return run
+
+
+def test_checkpoint_is_scored_on_its_own_recorded_split(tmp_path, tiny):
+    from grpo_exp.evaluate import held_out_split, settings_summary
+
+    run = _fake_run(tmp_path, tiny, seed=7)
+    cfg = compose_cfg(["model=tiny_random", f"checkpoint={run}", "eval.limit=20"], tmp_path / "ev",
+                      config_name="evaluate")
+    assert cfg.train.seed == 42  # this config's own seed would draw another split
+    check(cfg)
+    sets = load_sets(cfg)
+    assert [e["question"] for e in sets[0].examples] == [
+        e["question"] for e in held_out_split(cfg.stage, 20, 7)[:20]]
+    assert [e["question"] for e in sets[0].examples] != [
+        e["question"] for e in held_out_split(cfg.stage, 20, 42)[:20]]
+    summary = settings_summary(cfg, sets)
+    assert summary["data_seed"] == 7 and summary["data_seed_from"].endswith(".hydra/config.yaml")
+
+
+def test_base_figures_are_cached_per_settings(tmp_path, tiny, monkeypatch):
+    import grpo_exp.evaluate as ev
+
+    model, tokenizer = tiny
+    overrides = ["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", f"paths.cache_dir={tmp_path / 'cache'}"]
+    cfg = compose_cfg(overrides, tmp_path / "a")
+    first = evaluate_after_train(cfg, model, tokenizer, tmp_path / "a")
+    cached = list((tmp_path / "cache" / "base_eval").glob("tiny_random-*.json"))
+    assert len(cached) == 1
+    monkeypatch.setattr(ev, "load_model", lambda *a, **k: pytest.fail("the base model was loaded again"))
+    second = evaluate_after_train(cfg, model, tokenizer, tmp_path / "b")
+    assert second["before_after"]["basic"]["before"] == first["before_after"]["basic"]["before"]
+    # other problems (another limit) are another cache entry, not a stale hit
+    monkeypatch.undo()
+    evaluate_after_train(compose_cfg(overrides[:1] + ["eval.limit=3"] + overrides[2:], tmp_path / "c"),
+                         model, tokenizer, tmp_path / "c")
+    assert len(list((tmp_path / "cache" / "base_eval").glob("tiny_random-*.json"))) == 2
