@@ -43,12 +43,13 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
     assert args.bf16 is False and args.activation_checkpointing is False and args.gradient_checkpointing is False
     assert args.top_entropy_quantile == 0.5
     assert args.reward_weights == [1.0, 0.2]
-    assert args.generation_batch_size == cfg.train.per_device_train_batch_size
+    # the default recipe generates for 2 optimizer steps at once (steps_per_generation=2)
+    assert args.generation_batch_size == cfg.train.per_device_train_batch_size * cfg.train.steps_per_generation == 32
 
 
 @pytest.mark.parametrize("overrides,needle", [
     (["train.num_generations=3"], "train.num_generations=3"),
-    (["train.generation_batch_size=12"], "train.generation_batch_size=12"),
+    (["train.generation_batch_size=12", "train.steps_per_generation=null"], "train.generation_batch_size=12"),
     (["train.precision=fp16"], "bf16, fp32"),
     (["cpu.threads=0"], "cpu.threads=0"),
     (["cpu.omp_wait_policy=spin"], "default, passive, active"),
