@@ -25,10 +25,10 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
 bench: $(STAMP)
-	$(PY) scripts/bench.py $(ARGS)
+	$(PY) -m grpo_exp.apps.bench $(ARGS)
 
 report: $(STAMP)
-	$(PY) scripts/report.py $(ARGS)
+	$(PY) -m grpo_exp.apps.report $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

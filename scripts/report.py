@@ -1,11 +1,7 @@
-#!/usr/bin/env python
-"""Report of a sweep: `python scripts/report.py outputs/train/multiruns/<sweep> [more dirs...] [--out DIR]`.
+"""`python scripts/report.py ...`: the same as `grpo-report ...` (the app is grpo_exp.apps.report); needs the package
+installed (`make setup` does it)."""
 
-Writes report.md, report.csv and PNG plots (into the first directory unless --out is given) and
-prints the main table. The logic lives in grpo_exp/report.py.
-"""
-
-from grpo_exp.report import main
+from grpo_exp.apps.report import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
-from grpo_exp.cli import compose
+from grpo_exp.config.compose import compose
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"

@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 import os
 
-from grpo_exp import rewards
-from grpo_exp.cli import guarded
-from grpo_exp.train import main, precheck
+from grpo_exp.apps.train import main
+from grpo_exp.core import rewards
 
 _calls = {"n": 0}
 
@@ -33,4 +32,4 @@ TEST_REWARDS = {"vowel_fraction": vowel_fraction, "nan_after": nan_after}
 
 if __name__ == "__main__":
     rewards.REGISTRY.update(TEST_REWARDS)
-    guarded(main, "train", precheck)
+    main()

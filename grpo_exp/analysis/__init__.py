@@ -1,0 +1,1 @@
+"""Analysis layer: sweep reports, the benchmark and the generation profile."""

@@ -1,0 +1,511 @@
+"""Benchmark grpo-exp's training path against a plain TRL GRPOTrainer on the same prompts and settings.
+
+    grpo-bench                                   # default model, 1 warm-up + 5 measured steps each
+    grpo-bench --profile                         # + where the time goes inside a step
+    grpo-bench --override train=fast             # measure grpo-exp with other config overrides
+    grpo-bench --candidate fast=train=fast --candidate static=+train.extra.cache_implementation=static
+    grpo-bench --candidate passive=cpu.omp_wait_policy=passive --candidate trl_passive=kind=trl,env.OMP_WAIT_POLICY=PASSIVE
+    grpo-bench --reward-curve-steps 30           # + reward per step of both variants (bench.json, PNG)
+
+Variants, each in its own subprocess (so its peak RSS, the child's ru_maxrss, is its own):
+  baseline  a plain `trl.GRPOTrainer` built from `trl.GRPOConfig` with TRL's defaults as the older CPU tools run
+            it: fp32 (bf16=False, use_cpu=True), TRL's default gradient checkpointing left on; the GRPO settings
+            (lr and its schedule, num_generations, batch and generation rounds, max_completion_length, seed, beta, loss_type, sampling,
+            clipping) copied from the composed grpo-exp config, so only the performance settings differ.
+  grpo-exp  `grpo_exp.training.stage.prepare` + `grpo_exp.training.trainer.build_trainer` (what training runs) from conf/train.yaml composed with the same overrides (+ --override).
+  <name>    each --candidate NAME=OVERRIDE[,OVERRIDE...]: grpo-exp with those extra overrides (env.VAR=VALUE:
+            an environment variable of that child; kind=trl: a plain-TRL variant, e.g. with another env).
+
+grpo-exp's child applies cpu.omp_wait_policy before torch loads, as the entrypoint does (default: OpenMP's own
+policy); the baseline child runs with OpenMP's defaults as a plain TRL script does.
+
+Completion tokens of a step = TRL's `completions/mean_length` x the completions generated in that step (the
+per-step batch, or the whole generation batch on the steps that generate when steps_per_generation > 1). Rates
+are sums over the measured steps (after the warm-up); with steps_per_generation = k the measured window is
+rounded up to whole multiples of k steps so it holds exactly one generation per k steps.
+
+Writes bench.json, bench.md (and reward_curve.png) into --out (default outputs/bench/<timestamp>/).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE_PARTS = ("generation", "old_logprobs", "rewards", "policy_forward", "extra_loss", "backward", "optimizer")
+
+
+# ----------------------------------------------------------------------------------------------------- parent side
+
+
+def parse_candidate(text: str) -> tuple[str, list[str]]:
+    name, sep, overrides = text.partition("=")
+    if not sep or not name or not overrides:
+        raise SystemExit(f"--candidate {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE...]")
+    return name, [o for o in overrides.split(",") if o]
+
+
+def split_env(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
+    """`env.NAME=VALUE` items set an environment variable of the child (e.g. env.OMP_WAIT_POLICY=ACTIVE)."""
+    env = {o[4:].partition("=")[0]: o.partition("=")[2] for o in overrides if o.startswith("env.")}
+    return [o for o in overrides if not o.startswith("env.")], env
+
+
+def common_overrides(args) -> list[str]:
+    out = [
+        f"model={args.model}", f"stage={args.stage}", "logger=none", f"cpu.threads={args.threads}",
+        f"train.per_device_train_batch_size={args.prompts_per_step * args.num_generations}",
+        f"train.num_generations={args.num_generations}",
+        f"train.max_completion_length={args.max_completion_length}", f"train.seed={args.seed}",
+        "train.logging_steps=1",
+    ]
+    if args.lr is not None:
+        out.append(f"train.learning_rate={args.lr}")
+    return out
+
+
+def run_child(name: str, spec: dict, out_dir: Path) -> dict:
+    """Run one variant in a subprocess; its own peak RSS comes from wait4's rusage of that child."""
+    child_dir = out_dir / name
+    child_dir.mkdir(parents=True, exist_ok=True)
+    spec = {**spec, "name": name, "dir": str(child_dir)}
+    (child_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "MKL_NUM_THREADS": str(spec["threads"]),
+           "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    env.update(spec.get("env") or {})
+    print(f"\n[bench] === {name} ({spec['kind']}{': ' + ' '.join(spec['overrides']) if spec['overrides'] else ''}"
+          f"{' env ' + str(spec.get('env')) if spec.get('env') else ''})",
+          flush=True)
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_exp.apps.bench", "--child", str(child_dir / "spec.json")],
+                            cwd=ROOT, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    result_path = child_dir / "result.json"
+    if proc.returncode != 0 or not result_path.exists():
+        return {"name": name, "kind": spec["kind"], "overrides": spec["overrides"], "status": "failed",
+                "returncode": proc.returncode, "wall_s": time.time() - started}
+    result = json.loads(result_path.read_text())
+    result["peak_rss_mb"] = round(usage.ru_maxrss / 1024.0, 1)  # KiB on Linux
+    result["wall_s"] = round(time.time() - started, 1)
+    result["status"] = "ok"
+    result.update(summarize_steps(result))
+    return result
+
+
+def summarize_steps(result: dict) -> dict:
+    steps = [s for s in result["steps"] if s["measured"]]
+    times = [s["time_s"] for s in steps]
+    total_time = sum(times)
+    tokens = sum(s["tokens"] for s in steps)
+    prompts = result["prompts_per_step"] * len(steps)
+    out = {
+        "measured_steps": len(steps),
+        "step_time_s_median": statistics.median(times) if times else None,
+        "step_time_s_mean": total_time / len(times) if times else None,
+        "completion_tokens": tokens,
+        "completion_tokens_per_s": tokens / total_time if total_time > 0 else None,
+        "prompts_per_s": prompts / total_time if total_time > 0 else None,
+        "reward_curve": [s.get("reward") for s in result["steps"]],
+    }
+    if result.get("profile_steps"):
+        measured = [p for p, s in zip(result["profile_steps"], result["steps"]) if s["measured"]]
+        if measured:
+            keys = [k for k in (*PROFILE_PARTS, "other", "step") if any(k in p for p in measured)]
+            out["profile_mean_per_step_s"] = {k: round(sum(p.get(k, 0.0) for p in measured) / len(measured), 3)
+                                              for k in keys}
+            gen_steps = [p for p in measured if p.get("generation", 0) > 0]
+            out["profile_generating_step_s"] = {k: round(v, 3) for k, v in gen_steps[0].items()} if gen_steps else None
+    return out
+
+
+def ratios(base: dict, other: dict) -> dict:
+    def r(key, invert=False):
+        a, b = base.get(key), other.get(key)
+        if not a or not b:
+            return None
+        return round(a / b if invert else b / a, 3)
+
+    return {"completion_tokens_per_s": r("completion_tokens_per_s"), "prompts_per_s": r("prompts_per_s"),
+            "step_time_s_mean": r("step_time_s_mean"), "step_time_s_median": r("step_time_s_median"),
+            "peak_rss_mb": r("peak_rss_mb"), "speedup_step_time_mean": r("step_time_s_mean", invert=True)}
+
+
+def fmt(value, digits=2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(results: dict, ratio_of: dict) -> str:
+    head = ("| variant | settings | steps | step s (median) | step s (mean) | completion tok/s | prompts/s "
+            "| peak RSS MB | tok/s ratio | RSS ratio |")
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for name, res in results.items():
+        if res.get("status") != "ok":
+            lines.append(f"| {name} | FAILED (exit {res.get('returncode')}) | | | | | | | | |")
+            continue
+        rat = ratio_of.get(name) or {}
+        lines.append(
+            f"| {name} | {res['settings_text']} | {res['measured_steps']} | {fmt(res['step_time_s_median'])} "
+            f"| {fmt(res['step_time_s_mean'])} | {fmt(res['completion_tokens_per_s'], 1)} "
+            f"| {fmt(res['prompts_per_s'], 3)} | {fmt(res['peak_rss_mb'], 0)} "
+            f"| {fmt(rat.get('completion_tokens_per_s'))} | {fmt(rat.get('peak_rss_mb'))} |")
+    return "\n".join(lines)
+
+
+def profile_table(results: dict) -> str:
+    names = [n for n, r in results.items() if r.get("profile_mean_per_step_s")]
+    if not names:
+        return ""
+    keys = [k for k in (*PROFILE_PARTS, "other", "step")
+            if any(k in results[n]["profile_mean_per_step_s"] for n in names)]
+    lines = ["| part (s per step, mean of measured steps) | " + " | ".join(names) + " |",
+             "|---|" + "---|" * len(names)]
+    for k in keys:
+        cells = []
+        for n in names:
+            prof = results[n]["profile_mean_per_step_s"]
+            v = prof.get(k)
+            share = f" ({100 * v / prof['step']:.0f}%)" if v is not None and k != "step" and prof.get("step") else ""
+            cells.append(f"{fmt(v)}{share}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_rewards(results: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, res in results.items():
+        curve = res.get("reward_curve") or []
+        pts = [(i + 1, v) for i, v in enumerate(curve) if v is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", markersize=3, label=name)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mean reward (TRL `reward`)")
+    ax.set_title("Reward per step, same prompts and seed")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def run(args) -> int:
+    """Run every variant of the benchmark `args` (see apps/bench.py) asks for; returns the exit code."""
+    out_dir = Path(args.out) if args.out else ROOT / "outputs" / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base_spec = {"common": common_overrides(args), "threads": args.threads, "steps": args.steps,
+                 "warmup": args.warmup, "profile": args.profile, "reward_curve_steps": args.reward_curve_steps,
+                 "prompts_per_step": args.prompts_per_step}
+    variants = {}
+    if not args.no_baseline:
+        variants["baseline"] = {**base_spec, "kind": "trl", "overrides": []}
+    overrides, env = split_env(list(args.override))
+    variants["grpo-exp"] = {**base_spec, "kind": "grpo-exp", "overrides": overrides, "env": env}
+    for text in args.candidate:
+        name, overrides = parse_candidate(text)
+        overrides, env = split_env(overrides)
+        kind = "trl" if "kind=trl" in overrides else "grpo-exp"  # kind=trl: another plain-TRL variant
+        overrides = [o for o in overrides if o != "kind=trl"]
+        if kind == "trl" and overrides:
+            raise SystemExit(f"--candidate {name}: a kind=trl variant takes only env.* items, not {overrides}")
+        variants[name] = {**base_spec, "kind": kind, "overrides": overrides, "env": env}
+
+    results = {name: run_child(name, spec, out_dir) for name, spec in variants.items()}
+    base = results.get("baseline")
+    ratio_of = {}
+    if base and base.get("status") == "ok":
+        ratio_of = {n: ratios(base, r) for n, r in results.items() if r.get("status") == "ok"}
+    report = {
+        "command": " ".join(["grpo-bench", *sys.argv[1:]]),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
+        "machine": machine_info(),
+        "variants": {n: {k: v for k, v in r.items() if k not in ("steps", "profile_steps")} for n, r in results.items()},
+        "steps": {n: r.get("steps") for n, r in results.items()},
+        "profile_steps": {n: r.get("profile_steps") for n, r in results.items() if r.get("profile_steps")},
+        "ratio_vs_baseline": ratio_of,
+    }
+    if args.reward_curve_steps:
+        report["reward_curves"] = {n: r.get("reward_curve") for n, r in results.items()}
+        if plot_rewards(results, out_dir / "reward_curve.png"):
+            report["reward_curve_png"] = str(out_dir / "reward_curve.png")
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
+
+    main_table = table(results, ratio_of)
+    md = ["# Benchmark: grpo-exp vs plain TRL GRPOTrainer\n", f"`{report['command']}`\n",
+          f"Machine: {report['machine']}\n", main_table, ""]
+    prof = profile_table(results)
+    if prof:
+        md += ["## Profile\n", prof, ""]
+    (out_dir / "bench.md").write_text("\n".join(md) + "\n")
+    print("\n" + main_table)
+    if prof:
+        print("\n" + prof)
+    print(f"\n[bench] wrote {out_dir / 'bench.json'} and bench.md")
+    return 0 if all(r.get("status") == "ok" for r in results.values()) else 1
+
+
+def machine_info() -> str:
+    import platform
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    f = set(line.split(":", 1)[1].split())
+                    flags = ",".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if x in f)
+                    break
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus ({flags})"
+
+
+# ------------------------------------------------------------------------------------------------------ child side
+
+
+class StepRecorder:
+    """A TrainerCallback timing each optimizer step and reading TRL's per-step log line; with `profile`,
+    also a set of timers the child wraps around the trainer's methods."""
+
+    def __init__(self, gen_batch: int, profile: bool):
+        from transformers import TrainerCallback
+
+        self.gen_batch = gen_batch
+        self.profile = profile
+        self.steps: list[dict] = []
+        self.profile_steps: list[dict] = []
+        self._current: dict[str, float] = {}
+        self._t0 = 0.0
+        self._opt_t0 = 0.0
+        rec = self
+
+        class _Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                rec._current = {}
+                rec._t0 = time.perf_counter()
+
+            def on_pre_optimizer_step(self, args, state, control, **kw):
+                rec._opt_t0 = time.perf_counter()
+
+            def on_optimizer_step(self, args, state, control, **kw):
+                rec.add("optimizer", time.perf_counter() - rec._opt_t0)
+
+            def on_step_end(self, args, state, control, **kw):
+                elapsed = time.perf_counter() - rec._t0
+                rec.steps.append({"step": state.global_step, "time_s": round(elapsed, 4)})
+                if rec.profile:
+                    parts = {k: round(v, 4) for k, v in rec._current.items()}
+                    parts["other"] = round(elapsed - sum(rec._current.values()), 4)
+                    parts["step"] = round(elapsed, 4)
+                    rec.profile_steps.append(parts)
+
+            def on_log(self, args, state, control, logs=None, **kw):
+                logs = logs or {}
+                if "train_runtime" in logs or not rec.steps:
+                    return
+                row = rec.steps[-1]
+                mean_len = logs.get("completions/mean_length")
+                row["generated"] = mean_len is not None
+                row["mean_length"] = mean_len
+                row["tokens"] = float(mean_len) * rec.gen_batch if mean_len is not None else 0.0
+                for key in ("reward", "loss", "grad_norm"):
+                    if logs.get(key) is not None:
+                        row[key] = logs[key]
+
+        self.callback = _Callback()
+
+    def add(self, part: str, seconds: float) -> None:
+        self._current[part] = self._current.get(part, 0.0) + seconds
+
+    def wrap(self, obj, method: str, part) -> None:
+        """Replace obj.method by a timed version; `part` is a name or a function of nothing giving one."""
+        import functools
+
+        original = getattr(obj, method)
+
+        @functools.wraps(original)
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                self.add(part() if callable(part) else part, time.perf_counter() - t0)
+
+        setattr(obj, method, timed)
+
+    def instrument(self, trainer) -> None:
+        import torch
+
+        self.wrap(trainer, "_generate", "generation")
+        self.wrap(trainer, "_calculate_rewards", "rewards")
+        # no-grad forwards are the old-policy (and reference) logprobs; grad-enabled ones are the policy forward
+        self.wrap(trainer, "_get_per_token_logps_and_entropies",
+                  lambda: "policy_forward" if torch.is_grad_enabled() else "old_logprobs")
+        self.wrap(trainer.accelerator, "backward", "backward")
+        if getattr(trainer, "extra_loss", None) is not None and hasattr(trainer, "extra_loss_term"):
+            self.wrap(trainer, "extra_loss_term", "extra_loss")
+
+
+def compose(overrides: list[str], output_dir: Path):
+    from grpo_exp.config.compose import compose as compose_config
+
+    return compose_config("train", [*overrides, f"paths.output_dir={output_dir}"])
+
+
+def plain_trl_config(train, output_dir: Path, reward_weights: list[float], max_steps: int):
+    """GRPOConfig as a plain user writes it: TRL's defaults, fp32 on the CPU, the GRPO settings of the run."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        bf16=False,
+        use_cpu=True,
+        # gradient checkpointing: TRL's default (on), as a plain user gets it
+        per_device_train_batch_size=train.per_device_train_batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        # the recipe's generation rounds (TRL supports them natively), so both variants run one algorithm
+        steps_per_generation=train.steps_per_generation,
+        generation_batch_size=train.generation_batch_size,
+        num_generations=train.num_generations,
+        max_completion_length=train.max_completion_length,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler_type,
+        warmup_steps=train.warmup_steps,
+        weight_decay=train.weight_decay,
+        max_grad_norm=train.max_grad_norm,
+        beta=train.beta,
+        epsilon=train.epsilon,
+        loss_type=train.loss_type,
+        scale_rewards=train.scale_rewards,
+        temperature=train.temperature,
+        top_p=train.top_p,
+        top_k=train.top_k,
+        repetition_penalty=train.repetition_penalty,
+        mask_truncated_completions=train.mask_truncated_completions,
+        num_iterations=train.num_iterations,
+        seed=train.seed,
+        max_steps=max_steps,
+        reward_weights=list(reward_weights),
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+    )
+
+
+def child_main(spec_path: Path) -> int:
+    spec = json.loads(spec_path.read_text())
+    out = Path(spec["dir"])
+    ours = spec["kind"] == "grpo-exp"
+    env_names = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")
+    cfg = compose(spec["common"] + (spec["overrides"] if ours else []), out)
+    from grpo_exp.base import cpu
+
+    if ours:
+        cpu.prepare_env(cfg.cpu)  # as the entrypoint does: OpenMP settings before torch loads
+    env_at_start = {k: os.environ.get(k) for k in env_names}
+    import torch
+
+    from grpo_exp.base.cpu import resolve_precision
+    from grpo_exp.config.checks import validate
+    from grpo_exp.config.schema import generation_batch
+    from grpo_exp.core import models
+    from grpo_exp.training.stage import prepare
+
+    loadavg_start = os.getloadavg()
+    gen_batch, spg = generation_batch(cfg.train)
+    measured = math.ceil(spec["steps"] / spg) * spg  # whole generation rounds
+    total = max(spec["warmup"] + measured, spec["reward_curve_steps"])
+    measured = (total - spec["warmup"]) // spg * spg
+    cfg.train.max_steps = total
+    cfg.train.save_steps = total + 1  # no checkpoint inside the measurement
+    cfg.stage.num_train = max(64, 2 * total * spec["prompts_per_step"])
+    validate(cfg)
+    models.check_available(cfg.model, cfg.paths.cache_dir)
+
+    if ours:
+        threads = cpu.apply(cfg.cpu)
+    else:
+        torch.set_num_threads(spec["threads"])  # same thread count; everything else as TRL sets it
+        threads = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
+    t0 = time.perf_counter()
+    parts = prepare(cfg)  # the same seeded rewards, problems and model as a training run, for every variant
+    load_s = time.perf_counter() - t0
+
+    recorder = StepRecorder(gen_batch, spec["profile"])
+    if ours:
+        from grpo_exp.training.trainer import build_trainer
+
+        trainer = build_trainer(cfg, parts, output_dir=out, callbacks=[recorder.callback])
+    else:
+        from trl import GRPOTrainer
+
+        trainer = GRPOTrainer(model=parts.model, reward_funcs=parts.reward_funcs, train_dataset=parts.train_dataset,
+                              processing_class=parts.tokenizer, callbacks=[recorder.callback],
+                              args=plain_trl_config(cfg.train, out / "checkpoints", parts.reward_weights, total))
+    if spec["profile"]:
+        recorder.instrument(trainer)
+    a = trainer.args
+    settings = {
+        "bf16": bool(a.bf16), "gradient_checkpointing": bool(a.gradient_checkpointing),
+        "steps_per_generation": a.steps_per_generation, "generation_batch_size": a.generation_batch_size,
+        "cache_implementation": a.cache_implementation, "threads": threads["threads"],
+        "precision": resolve_precision(cfg.train.precision) if ours else ("bf16" if a.bf16 else "fp32"),
+        "learning_rate": a.learning_rate, "num_generations": a.num_generations,
+        "per_device_train_batch_size": a.per_device_train_batch_size,
+        "max_completion_length": a.max_completion_length,
+        "shared_prefix": bool(getattr(trainer, "share_prefixes", False)),
+    }
+    assert a.generation_batch_size == gen_batch, (a.generation_batch_size, gen_batch)
+    trainer.train()
+    import shutil
+
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # a final checkpoint is no benchmark output
+    for i, row in enumerate(recorder.steps):
+        row.setdefault("tokens", 0.0)
+        row["measured"] = spec["warmup"] <= i < spec["warmup"] + measured
+    settings_text = (f"{settings['precision']}, grad-ckpt {'on' if settings['gradient_checkpointing'] else 'off'}, "
+                     f"gen batch {gen_batch}" + (f", cache {settings['cache_implementation']}"
+                                                 if settings["cache_implementation"] else "")
+                     + (", shared prefix" if settings["shared_prefix"] else "") + f", {settings['threads']} thr")
+    result = {
+        "name": spec["name"], "kind": spec["kind"], "overrides": spec["overrides"], "settings": settings,
+        "settings_text": settings_text, "prompts_per_step": spec["prompts_per_step"], "model": cfg.model.name,
+        "model_load_s": round(load_s, 2), "warmup_steps": spec["warmup"], "total_steps": total,
+        "child_vmhwm_mb": _vmhwm_mb(), "steps": recorder.steps,
+        "profile_steps": recorder.profile_steps or None,
+        "torch": torch.__version__, "env": {k: os.environ.get(k) for k in env_names},
+        "env_at_start": env_at_start,  # what OpenMP read when torch loaded (grpo-exp: after grpo_exp's default)
+        "loadavg_end": os.getloadavg(), "loadavg_start": loadavg_start,
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _vmhwm_mb() -> float | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)
+    except OSError:
+        pass
+    return None

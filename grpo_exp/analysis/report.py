@@ -1,0 +1,532 @@
+"""Sweep reports: one row per Hydra job, joining its overrides (`.hydra/overrides.yaml`) with what
+it measured (metrics.json, eval.json, curriculum.json, history.jsonl).
+
+`python scripts/report.py <multirun dir or run dirs...> [--out DIR]` writes report.md, report.csv
+and PNG plots (throughput and memory vs threads and batch size, reward curves, curriculum accuracy
+heatmaps, fp32 vs int8) into the first given directory or --out, and prints the main table.
+Jobs that failed (status.json says so, or no metrics were written) are rows with their error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from grpo_exp.base.io import eval_sets, read_jsonl
+from grpo_exp.base.text import markdown_table
+
+# metric -> True when higher is better
+MAIN_METRICS = {
+    "steps": None,
+    "step_time_s_median": False,
+    "completion_tokens_per_s": True,
+    "peak_rss_mb": False,
+    "reward_mean_first": None,
+    "reward_mean_last": True,
+    "wall_time_s": False,
+}
+CURRICULUM_METRICS = {"average_accuracy": True, "bwt": True, "forgetting_max": False}
+# Resolved settings read from .hydra/config.yaml: column -> dotted key
+CONFIG_COLUMNS = {
+    "model": "model.name",
+    "stage": "stage.name",
+    "threads": "cpu.threads",
+    "batch_size": "train.per_device_train_batch_size",
+    "num_generations": "train.num_generations",
+    "quantization": "quantization.method",
+}
+
+
+# ---------------------------------------------------------------- loading
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_yaml(path: Path):
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception:
+        return None
+
+
+def _is_job(path: Path) -> bool:
+    return (path / ".hydra").is_dir() or any((path / f).is_file() for f in ("metrics.json", "status.json",
+                                                                             "curriculum.json", "eval.json"))
+
+
+def _sort_key(path: Path):
+    return (0, int(path.name), "") if path.name.isdigit() else (1, 0, path.name)
+
+
+def find_jobs(path: str | Path) -> list[Path]:
+    """The job directories under a multirun directory, or the directory itself when it is a run."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory")
+    if (path / ".hydra").is_dir() or not (path / "multirun.yaml").is_file() and _is_job(path):
+        return [path]
+    found = sorted({p.parent.parent for p in path.glob("*/.hydra/overrides.yaml")}, key=_sort_key)
+    if not found:
+        found = sorted((p for p in path.iterdir() if p.is_dir() and _is_job(p)), key=_sort_key)
+    if not found:  # one level further down, e.g. a folder of sweeps
+        found = sorted({p.parent.parent for p in path.glob("*/*/.hydra/overrides.yaml")})
+    return found
+
+
+def parse_overrides(items) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        item = str(item)
+        if "=" not in item:
+            continue
+        key, value = item.split("=", 1)
+        out[key.lstrip("+~")] = value
+    return out
+
+
+def _select(data, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _stage_dirs(job: Path) -> list[Path]:
+    """Curriculum stage directories (1_basic, 2_intermediate, ...) that hold their own metrics."""
+    dirs = [p for p in job.iterdir() if p.is_dir() and (p / "metrics.json").is_file()]
+    return sorted(dirs, key=lambda p: (int(p.name.split("_", 1)[0]) if p.name.split("_", 1)[0].isdigit() else 1e9,
+                                       p.name))
+
+
+def _combine_stage_metrics(stages: list[dict]) -> dict:
+    """One job-level summary of a curriculum's per-stage metrics.json files."""
+    def values(key):
+        return [m[key] for m in stages if isinstance(m.get(key), (int, float))]
+
+    out = {"steps": sum(values("steps")) if values("steps") else None}
+    if values("step_time_s_median"):
+        out["step_time_s_median"] = statistics.median(values("step_time_s_median"))
+    if values("completion_tokens_per_s"):
+        out["completion_tokens_per_s"] = statistics.mean(values("completion_tokens_per_s"))
+    if values("peak_rss_mb"):
+        out["peak_rss_mb"] = max(values("peak_rss_mb"))
+    if values("wall_time_s"):
+        out["wall_time_s"] = sum(values("wall_time_s"))
+    out["reward_mean_first"] = stages[0].get("reward_mean_first") if stages else None
+    out["reward_mean_last"] = stages[-1].get("reward_mean_last") if stages else None
+    out["status"] = stages[-1].get("status") if stages else None
+    return out
+
+
+def load_job(job: Path, root: Path | None = None) -> dict:
+    """Everything the report needs about one job: its table row and the data behind the plots."""
+    overrides = parse_overrides(_read_yaml(job / ".hydra" / "overrides.yaml") or [])
+    config = _read_yaml(job / ".hydra" / "config.yaml") or {}
+    metrics = _read_json(job / "metrics.json")
+    status_info = _read_json(job / "status.json") or {}
+    curriculum = _read_json(job / "curriculum.json")
+    eval_file = _read_json(job / "eval.json")
+    stage_dirs = _stage_dirs(job) if curriculum is not None else []
+
+    try:
+        label = str(job.relative_to(root)) if root is not None and job != root else job.name
+    except ValueError:
+        label = job.name
+    row: dict = {"job": label}
+    if metrics is None and stage_dirs:
+        metrics = _combine_stage_metrics([_read_json(d / "metrics.json") or {} for d in stage_dirs])
+    # an evaluation-only run (grpo_exp.evaluate) has eval.json and no metrics.json
+    has_results = metrics is not None or bool((curriculum or {}).get("matrix")) or bool(eval_sets(eval_file))
+
+    status = status_info.get("status") or (metrics or {}).get("status")
+    if status is None:
+        status = "completed" if has_results else "failed"
+    row["status"] = status
+    error = status_info.get("error")
+    if status == "failed" and not error:
+        error = _last_error_line(job / "error.txt") or "no metrics.json (the job did not finish)"
+    row["error"] = error
+
+    for key, value in overrides.items():
+        row[f"override:{key}"] = value
+    for column, dotted in CONFIG_COLUMNS.items():
+        value = _select(config, dotted)
+        row[column] = value if not isinstance(value, (dict, list)) else str(value)
+    metrics = metrics or {}
+    if isinstance(metrics.get("cpu_threads"), int):
+        row["threads"] = metrics["cpu_threads"]  # "auto" resolved to a number
+    for key in MAIN_METRICS:
+        row[key] = metrics.get(key)
+
+    evaluation = dict(eval_sets(metrics.get("eval")))
+    evaluation.update(eval_sets(eval_file))
+    for name, values in evaluation.items():
+        row[f"eval_{name}_accuracy"] = values.get("accuracy")
+    before_after = _read_json(job / "before_after.json") or {}
+    for name, values in (before_after.get("sets") or {}).items():
+        row[f"eval_{name}_before"] = values.get("before")
+        row[f"eval_{name}_diff"] = values.get("accuracy_diff")
+        row[f"eval_{name}_mcnemar_p"] = values.get("mcnemar_p")
+    if curriculum:
+        for key in CURRICULUM_METRICS:
+            row[key] = curriculum.get(key)
+
+    history = read_jsonl(job / "history.jsonl", tolerant=True)
+    for stage_dir in stage_dirs:
+        history += read_jsonl(stage_dir / "history.jsonl", tolerant=True)
+    history.sort(key=lambda r: (r.get("global_step", r.get("step", 0))))
+    row["dir"] = str(job)
+    return {"row": row, "history": history, "curriculum": curriculum, "eval": evaluation,
+            "quantization": (eval_file or {}).get("quantization") or row.get("quantization")}
+
+
+def _last_error_line(path: Path) -> str | None:
+    try:
+        lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return None
+    return lines[-1] if lines else None
+
+
+def load_jobs(paths) -> list[dict]:
+    jobs = []
+    for path in paths:
+        path = Path(path)
+        for job in find_jobs(path):
+            jobs.append(load_job(job, root=path))
+    return jobs
+
+
+# ---------------------------------------------------------------- table
+
+def swept_keys(df: pd.DataFrame) -> list[str]:
+    """Override columns whose value differs between jobs."""
+    cols = [c for c in df.columns if c.startswith("override:")]
+    if len(df) < 2:
+        return cols
+    return [c for c in cols if df[c].astype(str).nunique(dropna=False) > 1]
+
+
+def build_frame(jobs: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame([j["row"] for j in jobs])
+    if df.empty:
+        return df
+    overrides = [c for c in df.columns if c.startswith("override:")]
+    front = ["job", "status"]
+    metric_cols = [c for c in [*MAIN_METRICS, *CURRICULUM_METRICS] if c in df.columns]
+    eval_cols = sorted(c for c in df.columns if c.startswith("eval_"))
+    config_cols = [c for c in CONFIG_COLUMNS if c in df.columns]
+    order = front + overrides + config_cols + metric_cols + eval_cols + ["error", "dir"]
+    order += [c for c in df.columns if c not in order]
+    df = df[[c for c in order if c in df.columns]]
+    # Drop metric columns that no job has (e.g. curriculum figures in a plain sweep).
+    empty = [c for c in metric_cols + eval_cols if df[c].isna().all() and c not in MAIN_METRICS]
+    return df.drop(columns=empty)
+
+
+def variant_labels(df: pd.DataFrame) -> list[str]:
+    keys = swept_keys(df)
+    labels = []
+    for _, row in df.iterrows():
+        parts = [f"{k.split(':', 1)[1]}={row[k]}" for k in keys if isinstance(row[k], str)]
+        labels.append(", ".join(parts) or str(row["job"]))
+    return labels
+
+
+def main_table(df: pd.DataFrame) -> pd.DataFrame:
+    keys = swept_keys(df)
+    metric_cols = [c for c in [*MAIN_METRICS, *CURRICULUM_METRICS] if c in df.columns]
+    eval_cols = [c for c in df.columns if c.startswith("eval_")]
+    cols = ["job", "status", *keys, *metric_cols, *eval_cols]
+    table = df[cols].rename(columns={k: k.split(":", 1)[1] for k in keys})
+    if "error" in df.columns and df["error"].notna().any():
+        table = table.assign(error=df["error"].fillna(""))
+    return table
+
+
+def best_variants(df: pd.DataFrame) -> list[dict]:
+    """The best completed job for each metric with a direction (higher or lower is better)."""
+    done = df[df["status"] == "completed"]
+    labels = dict(zip(df.index, variant_labels(df)))
+    directions = {**MAIN_METRICS, **CURRICULUM_METRICS, **{c: True for c in df.columns if c.startswith("eval_")}}
+    out = []
+    for metric, higher in directions.items():
+        if higher is None or metric not in done.columns:
+            continue
+        values = pd.to_numeric(done[metric], errors="coerce").dropna()
+        if values.empty:
+            continue
+        idx = values.idxmax() if higher else values.idxmin()
+        out.append({"metric": metric, "best": "highest" if higher else "lowest", "value": values[idx],
+                    "job": df.loc[idx, "job"], "variant": labels[idx]})
+    return out
+
+
+def _short(text: str, width: int = 70) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "_(none)_"
+    return markdown_table(list(df.columns), [[_fmt(v) for v in row.tolist()] for _, row in df.iterrows()])
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _numeric(series: pd.Series) -> pd.Series:
+    return pd.to_numeric(series, errors="coerce")
+
+
+def plot_throughput_memory(df: pd.DataFrame, out: Path) -> Path | None:
+    done = df[df["status"] == "completed"].copy()
+    if done.empty or not {"threads", "batch_size"} <= set(done.columns):
+        return None
+    done["threads"] = _numeric(done["threads"])
+    done["batch_size"] = _numeric(done["batch_size"])
+    done["completion_tokens_per_s"] = _numeric(done["completion_tokens_per_s"])
+    done["peak_rss_mb"] = _numeric(done["peak_rss_mb"])
+    if done[["completion_tokens_per_s", "peak_rss_mb"]].isna().all().all():
+        return None
+    multi_model = "model" in done.columns and done["model"].nunique() > 1
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    panels = [("threads", "batch_size", "completion_tokens_per_s", "completion tokens / s"),
+              ("batch_size", "threads", "completion_tokens_per_s", "completion tokens / s"),
+              ("threads", "batch_size", "peak_rss_mb", "peak RSS (MB)"),
+              ("batch_size", "threads", "peak_rss_mb", "peak RSS (MB)")]
+    for ax, (x, by, y, ylabel) in zip(axes.flat, panels):
+        keys = [by, "model"] if multi_model else [by]
+        for key, group in done.dropna(subset=[x, y]).groupby(keys):
+            key = key if isinstance(key, tuple) else (key,)
+            group = group.sort_values(x)
+            label = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in zip(keys, key))
+            ax.plot(group[x], group[y], marker="o", label=label)
+        ticks = sorted(done[x].dropna().unique())
+        if ticks:
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle("Throughput and peak memory vs threads and batch size")
+    return _save(plt, fig, out / "throughput_memory.png")
+
+
+def _history_points(history: list[dict], key: str) -> list[tuple[int, float]]:
+    """(cumulative step, value) of every history row that logged `key`."""
+    return [(r.get("global_step", r.get("step")), r[key]) for r in history if isinstance(r.get(key), (int, float))]
+
+
+def _line_plot(curves: list[tuple[str, list]], ylabel: str, title: str, path: Path,
+               marker: str | None = None) -> Path | None:
+    """One line per (label, points), against the cumulative step."""
+    if not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for label, points in curves:
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker=marker or ("." if len(xs) < 50 else None), label=label)
+    ax.set_xlabel("step (cumulative over stages)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def plot_reward_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
+    curves = [(label, points) for job, label in zip(jobs, labels)
+              if (points := _history_points(job["history"], "reward"))]
+    return _line_plot(curves, "mean reward", "Reward per variant", out / "reward_curves.png")
+
+
+def plot_heldout_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
+    """Greedy held-out accuracy during training (eval.every_steps), one line per variant and set; the
+    starting model's figure from before_after.json is drawn at step 0 where the run has one."""
+    curves = []
+    for job, label in zip(jobs, labels):
+        keys = sorted({k for r in job["history"] for k in r if k.startswith("eval/") and k.endswith("/accuracy")})
+        before = (_read_json(Path(job["row"]["dir"]) / "before_after.json") or {}).get("sets") or {}
+        for key in keys:
+            name = key.split("/")[1]
+            points = _history_points(job["history"], key)
+            if name in before and points and points[0][0] > 0:
+                points.insert(0, (0, before[name]["before"]))
+            curves.append((f"{label} ({name})" if len(keys) > 1 else label, points))
+    return _line_plot(curves, "greedy held-out accuracy",
+                      "Held-out accuracy during training (step 0: the starting model, full eval set)",
+                      out / "heldout_accuracy.png", marker="o")
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_curriculum(curriculum: dict, title: str, path: Path) -> Path | None:
+    stages = curriculum.get("stages") or []
+    matrix = curriculum.get("matrix") or []
+    if not stages or not matrix:
+        return None
+    rows = ([("base", curriculum["base"])] if curriculum.get("base") else []) + list(zip(stages, matrix))
+    values = [[(r[j] if j < len(r) and r[j] is not None else float("nan")) for j in range(len(stages))]
+              for _, r in rows]
+    plt = _plt()
+    import numpy as np
+
+    data = np.array(values, dtype=float)
+    fig, ax = plt.subplots(figsize=(1.6 * len(stages) + 3, 0.8 * len(rows) + 2))
+    image = ax.imshow(np.ma.masked_invalid(data), vmin=0, vmax=1, cmap="viridis")
+    ax.set_xticks(range(len(stages)), stages)
+    ax.set_yticks(range(len(rows)), [f"after {n}" if n != "base" else "base" for n, _ in rows])
+    ax.set_xlabel("evaluated on")
+    for i in range(data.shape[0]):
+        for j in range(data.shape[1]):
+            if not math.isnan(data[i, j]):
+                ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center",
+                        color="white" if data[i, j] < 0.5 else "black")
+    fig.colorbar(image, ax=ax, label="accuracy")
+    extra = f"avg acc {curriculum['average_accuracy']:.3f}" if curriculum.get("average_accuracy") is not None else ""
+    if curriculum.get("bwt") is not None:
+        extra += f", BWT {curriculum['bwt']:+.3f}"
+    ax.set_title(f"{title}\n{extra}".strip())
+    return _save(plt, fig, path)
+
+
+def plot_quantization(jobs: list[dict], out: Path) -> Path | None:
+    """Accuracy (and speed, size when recorded) of evaluations with quantization none vs dynamic_int8."""
+    by_method: dict[str, dict[str, list[dict]]] = {}
+    for job in jobs:
+        if job["eval"] and job["row"]["status"] == "completed":
+            method = str(job["quantization"] or "none")
+            for name, values in job["eval"].items():
+                by_method.setdefault(method, {}).setdefault(name, []).append(values)
+    if not {"none", "dynamic_int8"} <= set(by_method):
+        return None
+    sets = sorted(set(by_method["none"]) & set(by_method["dynamic_int8"]))
+    if not sets:
+        return None
+    panels = [(k, t) for k, t in (("accuracy", "accuracy"), ("tokens_per_s", "tokens / s"),
+                                  ("model_size_mb", "model size (MB)"))
+              if any(k in v for m in ("none", "dynamic_int8") for s in sets for v in by_method[m][s])]
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+    width = 0.38
+    for ax, (key, title) in zip(axes[0], panels):
+        for k, (method, label) in enumerate((("none", "fp32"), ("dynamic_int8", "int8"))):
+            means = []
+            for s in sets:
+                vals = [v[key] for v in by_method[method][s] if isinstance(v.get(key), (int, float))]
+                means.append(statistics.mean(vals) if vals else 0.0)
+            ax.bar([i + (k - 0.5) * width for i in range(len(sets))], means, width, label=label)
+        ax.set_xticks(range(len(sets)), sets)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    fig.suptitle("fp32 vs dynamic int8")
+    return _save(plt, fig, out / "quantization.png")
+
+
+# ---------------------------------------------------------------- report
+
+def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Path]:
+    """Build the table and plots for the given multirun/run directories; returns (DataFrame, out dir)."""
+    paths = [Path(p) for p in paths]
+    out = Path(out) if out else paths[0]
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = load_jobs(paths)
+    df = build_frame(jobs)
+    if df.empty:
+        raise SystemExit(f"no runs found under {', '.join(map(str, paths))}")
+    df.to_csv(out / "report.csv", index=False)
+
+    labels = variant_labels(df)
+    plots = [plot_throughput_memory(df, out), plot_reward_curves(jobs, labels, out),
+             plot_heldout_curves(jobs, labels, out), plot_quantization(jobs, out)]
+    curriculum_plots = []
+    for job, label in zip(jobs, labels):
+        if job["curriculum"]:
+            name = "curriculum_" + "".join(c if c.isalnum() else "_" for c in str(job["row"]["job"])) + ".png"
+            curriculum_plots.append((job, plot_curriculum(job["curriculum"], _short(f"Accuracy matrix: {label}"), out / name)))
+
+    table = main_table(df)
+    keys = swept_keys(df)
+    common = {c.split(":", 1)[1]: df[c].iloc[0] for c in df.columns
+              if c.startswith("override:") and c not in keys and df[c].notna().all()}
+    failed = df[df["status"] != "completed"]
+    lines = [
+        "# Sweep report", "",
+        f"Source: {', '.join(f'`{p}`' for p in paths)}  ",
+        f"Jobs: {len(df)} ({(df['status'] == 'completed').sum()} completed, {len(failed)} not completed)",
+    ]
+    if common:
+        lines.append("Common overrides: " + ", ".join(f"`{k}={v}`" for k, v in common.items()))
+    lines += ["", "## Results", "", to_markdown(table), ""]
+    best = best_variants(df)
+    if best:
+        lines += ["## Best variant per metric", "", to_markdown(pd.DataFrame(best)), ""]
+    if not failed.empty:
+        lines += ["## Failed or unfinished jobs", "",
+                  to_markdown(pd.DataFrame({"job": failed["job"], "status": failed["status"],
+                                            "variant": [labels[i] for i in failed.index],
+                                            "error": failed["error"].fillna(""), "dir": failed["dir"]})), ""]
+    for job, plot in curriculum_plots:
+        cur = job["curriculum"]
+        lines += [f"## Curriculum: {job['row']['job']}", ""]
+        if cur.get("table"):
+            lines += [cur["table"], ""]
+        if plot:
+            lines += [f"![curriculum]({plot.name})", ""]
+    made = [p for p in plots if p]
+    if made:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in made] + [""]
+    (out / "report.md").write_text("\n".join(lines))
+    return df, out
+
+
+def run(dirs: list[str], out: str | None = None) -> int:
+    """Write the report of `dirs` and print its main table; returns the exit code."""
+    try:
+        df, out_dir = write_report(dirs, out)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 60):
+        print(main_table(df).to_string(index=False))
+    print(f"\nreport: {out_dir / 'report.md'}  table: {out_dir / 'report.csv'}")
+    failed = int((df["status"] != "completed").sum())
+    if failed:
+        print(f"{failed} job(s) did not complete; see the 'Failed or unfinished jobs' section", file=sys.stderr)
+    return 0

@@ -1,0 +1,58 @@
+"""`grpo-bench [options]` (or `python -m grpo_exp.apps.bench`): grpo-exp's training path against plain TRL on
+the same prompts and settings. The logic lives in grpo_exp.analysis.bench; `--child` is how it runs each
+variant in its own process."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    from grpo_exp.analysis import bench
+
+    p = argparse.ArgumentParser(description=bench.__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=bench.__doc__.split("\n", 1)[1])
+    p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m)")
+    p.add_argument("--steps", type=int, default=5, help="measured optimizer steps per variant (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up steps before measuring (default 1)")
+    p.add_argument("--prompts-per-step", type=int, default=2, help="prompts per optimizer step (default 2)")
+    p.add_argument("--num-generations", type=int, default=4, help="completions per prompt (default 4)")
+    p.add_argument("--max-completion-length", type=int, default=64, help="max completion tokens (default 64)")
+    p.add_argument("--threads", type=int, default=2, help="torch/OMP threads of every variant (default 2)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: conf/train/default.yaml's)")
+    p.add_argument("--stage", default="basic", help="conf/stage option the prompts come from (default basic)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="Hydra override for the grpo-exp variant only (repeatable), e.g. train=fast")
+    p.add_argument("--candidate", action="append", default=[], metavar="NAME=OVR[,OVR...]",
+                   help="an extra grpo-exp variant with these overrides (repeatable); env.VAR=VALUE sets an "
+                        "environment variable of its process; kind=trl makes it a plain-TRL variant")
+    p.add_argument("--no-baseline", action="store_true", help="skip the plain TRL baseline")
+    p.add_argument("--profile", action="store_true",
+                   help="time generation, old logprobs, rewards, forward, backward, optimizer inside each step")
+    p.add_argument("--reward-curve-steps", type=int, default=0,
+                   help="run every variant for this many steps and plot reward per step (e.g. 30)")
+    p.add_argument("--out", default=None, help="output directory (default outputs/bench/<timestamp>)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for key in ("steps", "prompts_per_step", "threads", "max_completion_length"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')} must be >= 1")
+    if args.warmup < 0 or args.num_generations < 2 or args.reward_curve_steps < 0:
+        p.error("--warmup must be >= 0, --num-generations >= 2, --reward-curve-steps >= 0")
+    return args
+
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from grpo_exp.analysis import bench
+
+    if args.child:
+        return bench.child_main(Path(args.child))
+    return bench.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""`python -m grpo_exp.train stage=basic`: one GRPO stage, or the curriculum with `curriculum=progressive`.
+
+A thin Hydra main: the task wrapper (apps/task.py) checks the config, sets up the CPU, records
+status.json and maps errors to exit codes; grpo_exp.training does the work."""
+
+from __future__ import annotations
+
+from grpo_exp.apps.task import run_task
+
+
+def train_task(cfg) -> dict:
+    """One stage, or the whole curriculum when cfg.curriculum.stages is set."""
+    if isinstance(cfg.resume, str):  # resume=<run dir>: continue that directory, not the new Hydra one
+        cfg.paths.output_dir = cfg.resume
+    if cfg.curriculum.stages:
+        from hydra.core.hydra_config import HydraConfig
+
+        from grpo_exp.training.curriculum import run_curriculum
+
+        return run_curriculum(cfg, list(HydraConfig.get().overrides.task))
+    from grpo_exp.training.stage import train
+
+    return train(cfg)
+
+
+def check(cfg) -> None:
+    from grpo_exp.training.stage import check as check_stage
+
+    check_stage(cfg)
+
+
+def main() -> None:
+    run_task("train", train_task, check,
+             objective=lambda result: result.get("reward_mean_last", result.get("average_accuracy")))
+
+
+if __name__ == "__main__":
+    main()

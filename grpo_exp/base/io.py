@@ -1,0 +1,127 @@
+"""Run files: atomic JSON and model directories, JSONL reading, and where a run continues from."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from grpo_exp.base.errors import ConfigError, DiskFullError
+
+# Below this much free space a failed write is reported as a full disk.
+LOW_DISK_BYTES = 64 * 2**20
+
+
+def write_json(path: str | Path, data) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def disk_full_reason(err: BaseException, target: str | Path) -> str | None:
+    """One line saying that writing `target` failed because its disk is full, else None.
+
+    torch.save reports a full disk only as "unexpected pos", with no errno, so the free space is
+    checked too. Call it before cleaning up the partial write, which frees space again."""
+    target = Path(target)
+    probe = next((p for p in (target, *target.parents) if p.exists()), Path(os.sep))
+    free = shutil.disk_usage(probe).free
+    if getattr(err, "errno", None) != errno.ENOSPC and free >= LOW_DISK_BYTES:
+        return None
+    return f"{target.name} not written: the disk holding {probe} is full ({free // 2**20} MB free)"
+
+
+def save_model_dir(model, tokenizer, target: str | Path, keep_existing: bool = False) -> Path:
+    """Save an HF model directory atomically: a complete new one replaces the old one, or nothing changes.
+
+    keep_existing: a directory already at `target` wins (a cache another process may be reading)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if keep_existing:
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not target.exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # another process's directory is already in place
+            return target
+        old = None
+        if target.exists():
+            old = target.with_name(target.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException as err:
+        full = disk_full_reason(err, target) if isinstance(err, Exception) else None
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFullError(f"{full}; nothing at {target} was changed") from err
+        raise
+    return target
+
+
+def read_jsonl(path: str | Path, tolerant: bool = False) -> list[dict]:
+    """The rows of a JSONL file ([] when it does not exist). `tolerant` skips lines that do not parse
+    (the last line of a job killed while writing it) and unreadable files, for readers such as the
+    report that must show whatever a run left."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    try:
+        with path.open() as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    if not tolerant:
+                        raise
+    except OSError:
+        if not tolerant:
+            raise
+    return rows
+
+
+def resolve_init(init_from: str | None) -> tuple[Path, Path] | None:
+    """(model directory, directory holding the EWC state) for `init_from` = a run dir or its model/."""
+    if not init_from:
+        return None
+    path = Path(init_from)
+    if (path / "model" / "config.json").is_file():
+        return path / "model", path
+    if (path / "config.json").is_file():
+        return path, path.parent
+    raise ConfigError(f"init_from={init_from} holds no model (expected {path}/model/config.json); "
+                      f"give the run directory of a finished stage")
+
+
+def eval_sets(evaluation) -> dict[str, dict]:
+    """{set name: metrics} from the shapes evaluation results come in: eval.json's {"sets": {...}},
+    metrics.json's {name: {...}}, or one flat metrics dict (named "eval")."""
+    if not isinstance(evaluation, dict):
+        return {}
+    if isinstance(evaluation.get("sets"), dict):
+        evaluation = evaluation["sets"]
+    if "accuracy" in evaluation and not isinstance(evaluation["accuracy"], dict):
+        return {"eval": evaluation}
+    return {str(k): v for k, v in evaluation.items() if isinstance(v, dict) and "accuracy" in v}

@@ -1,0 +1,21 @@
+"""`validate(cfg)`: every group's own checks (beside its fields in schema.py) and the rules that span
+groups, run once at each entry before any model loads. Each failure is a one-line ConfigError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.config.schema import GROUPS, RunConfig
+
+
+def validate(cfg: Any) -> None:
+    """Raise ConfigError with a one-line message on the first problem; needs no model."""
+    for group, schema in GROUPS.items():
+        schema.check(cfg[group])
+    RunConfig.check(cfg)
+    stage, ev = cfg.stage, cfg.eval
+    if stage.dataset != "gsm8k" and ev.after_train and ev.limit > stage.num_test:
+        raise ConfigError(f"eval set '{stage.name}' holds {stage.num_test} held-out problems (stage.num_test) "
+                          f"but {ev.limit} were asked for (eval.limit={ev.limit}); lower the limit or raise "
+                          f"stage.num_test")

@@ -1,0 +1,99 @@
+"""Hydra composition: the conf/ directory, its group options, `compose()` inside or outside a running
+Hydra app, and the pre-check that turns composition errors into one-line ConfigErrors before any model
+loads (Hydra's own reports span several lines; users asked for one line naming the bad value and the
+valid choices)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+from omegaconf import OmegaConf
+
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.base.text import error_line
+
+from grpo_exp.config.options import CONF_DIR, group_options, groups as _groups
+
+
+def _split_override(arg: str) -> tuple[str, str] | None:
+    if "=" not in arg or arg.startswith(("-", "~")):
+        return None
+    key, value = arg.split("=", 1)
+    return key.lstrip("+"), value
+
+
+def check_group_choices(args: list[str], multirun: bool) -> None:
+    """`model=foo`: name the valid options instead of Hydra's multi-line 'Could not find'."""
+    groups = _groups()
+    for arg in args:
+        parsed = _split_override(arg)
+        if parsed is None or parsed[0] not in groups:
+            continue
+        group, value = parsed
+        values = value.split(",") if multirun else [value]
+        for choice in values:
+            choice = choice.strip()
+            if choice in ("null", "") and group in ("experiment", "debug"):
+                continue
+            if choice not in group_options(group):
+                raise ConfigError(f"unknown {group} option '{choice}'; valid choices: {', '.join(group_options(group))}")
+
+
+def compose(config_name: str, overrides: list[str] | None = None):
+    """The config `python -m grpo_exp.<entrypoint> <overrides>` would get (config_name: train or evaluate),
+    composed with Hydra's API, inside a running Hydra app or outside one."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import grpo_exp.config.schema  # noqa: F401  (registers the schema)
+
+    overrides = list(overrides or [])
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name=config_name, overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides)
+
+
+def _valid_keys(config_name: str, key: str) -> str:
+    parent = key.rsplit(".", 1)[0] if "." in key else None
+    try:
+        cfg = compose(config_name)
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        keys = sorted(str(k) for k in node.keys()) if node is not None and hasattr(node, "keys") else []
+    except Exception:
+        keys = []
+    where = f" under {parent}" if parent else ""
+    return f"; valid keys{where}: {', '.join(keys)}" if keys else ""
+
+
+def check_overrides(config_name: str, args: list[str], validate: Callable | None = None) -> None:
+    """Compose once with the user's overrides so type, key and value errors surface as one line.
+
+    `validate(cfg)` runs the semantic checks on the composed config, still before any model loads
+    and before Hydra creates a run directory.
+    """
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    check_group_choices(args, multirun)
+    if multirun or any(a.startswith("-") for a in args):
+        return  # sweeps and Hydra flags are composed per job by Hydra itself
+    overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
+    try:
+        cfg = compose(config_name, overrides)
+    except Exception as err:
+        cause = err.__cause__ or err
+        bad = next((a for a in overrides if a.split("=", 1)[0].lstrip("+~") in str(err)), None)
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and bad:
+            key = bad.split("=", 1)[0].lstrip("+~")
+            raise ConfigError(f"unknown config key '{key}'{_valid_keys(config_name, key)}") from None
+        raise ConfigError(error_line(err, chain=True)) from None
+    if "cpu" in cfg:
+        from grpo_exp.base import cpu
+
+        # OpenMP reads its settings once, when torch loads, and the checks below may load torch
+        cpu.prepare_env(cfg.cpu)
+    if validate is not None:
+        validate(cfg)

@@ -1,0 +1,415 @@
+"""Typed config schemas, one dataclass per config group, with each group's checks beside its fields.
+
+OmegaConf enforces types and key names from these dataclasses while Hydra composes the config, so
+`train.max_stepz=3` or `train.max_steps=abc` fails at composition. Each group's `check(node)` holds
+the value rules of that group (ranges, choices) next to the fields they constrain, in the style of
+verl's dataclass configs; `grpo_exp.config.checks.validate` runs them all, plus the rules that span
+groups, once at the entry and before any model loads. Defaults live here and in conf/*.yaml only
+where a group option sets them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from grpo_exp.base.cpu import PRECISIONS, resolve_threads, resolve_wait_policy
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.base.log import LEVELS
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def require_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    require(value in choices, f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
+
+
+def require_positive(group: str, node: Any, *keys: str) -> None:
+    for key in keys:
+        value = getattr(node, key)
+        require(value >= 1, f"{group}.{key}={value} must be a positive integer")
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    # packaged_gguf: a GGUF inside a pip package; pretrained: hub id or local dir; tiny_random: built in code
+    source: str = "pretrained"
+    id: Optional[str] = None
+    package: Optional[str] = None
+    revision: Optional[str] = None
+    instruct: bool = True
+    # tiny_random only: a few-layer Llama that shares the SmolLM2 tokenizer
+    tiny_layers: int = 2
+    tiny_hidden: int = 64
+    tiny_heads: int = 4
+    tiny_kv_heads: int = 2
+    tiny_intermediate: int = 128
+
+    SOURCES = ("packaged_gguf", "pretrained", "tiny_random")
+
+    @staticmethod
+    def check(model: Any) -> None:
+        require_choice("model.source", model.source, ModelConfig.SOURCES)
+        if model.source == "pretrained":
+            require(bool(model.id), "model.id is empty; give a hub id (org/name) or a local model directory")
+        if model.source == "packaged_gguf":
+            require(bool(model.package), "model.package is empty; name the pip package that holds the GGUF")
+
+
+@dataclass
+class StageConfig:
+    name: str = MISSING
+    dataset: str = "basic"
+    path: Optional[str] = None
+    hub_id: str = "openai/gsm8k"
+    hub_config: str = "main"
+    num_train: int = 2000  # GSM8K: 0 means the whole train split
+    num_test: int = 200
+    # held-out share: of the expression space (generated levels) or of a single GSM8K file
+    test_fraction: float = 0.2
+
+    DATASETS = ("basic", "intermediate", "advanced", "gsm8k")
+
+    @staticmethod
+    def check(stage: Any) -> None:
+        require_choice("stage.dataset", stage.dataset, StageConfig.DATASETS)
+        if stage.dataset == "gsm8k" and stage.path:
+            require(Path(stage.path).exists(),
+                    f"stage.path={stage.path} does not exist; give a GSM8K JSONL file or a directory "
+                    f"with train.jsonl/test.jsonl, or leave it empty to load {stage.hub_id} from the hub")
+        if stage.dataset != "gsm8k":
+            require(stage.num_train >= 1, f"stage.num_train={stage.num_train} must be >= 1")
+        require(0 < stage.test_fraction < 1,
+                f"stage.test_fraction={stage.test_fraction} must be between 0 and 1 (exclusive)")
+
+
+@dataclass
+class RewardConfig:
+    name: str = MISSING
+    funcs: List[str] = field(default_factory=lambda: ["correctness"])
+    weights: Optional[List[float]] = None
+    system_prompt: str = ""
+
+    @staticmethod
+    def check(reward: Any) -> None:
+        from grpo_exp.core import rewards
+
+        try:
+            rewards.build(list(reward.funcs), None if reward.weights is None else list(reward.weights))
+        except rewards.RewardConfigError as err:
+            raise ConfigError(str(err)) from None
+
+
+@dataclass
+class QuantizationConfig:
+    method: str = "none"
+
+    METHODS = ("none", "dynamic_int8")
+
+    @staticmethod
+    def check(quantization: Any) -> None:
+        require_choice("quantization.method", quantization.method, QuantizationConfig.METHODS)
+
+
+@dataclass
+class CpuConfig:
+    # "auto" (all cores this process may use) or a positive integer
+    threads: Any = "auto"
+    interop_threads: int = 1
+    # default | passive | active: OMP_WAIT_POLICY, set before torch loads (see grpo_exp/base/cpu.py)
+    omp_wait_policy: str = "default"
+
+    @staticmethod
+    def check(cpu: Any) -> None:
+        resolve_threads(cpu.threads)
+        require(cpu.interop_threads >= 1, f"cpu.interop_threads={cpu.interop_threads} must be >= 1")
+        resolve_wait_policy(cpu.omp_wait_policy)
+
+
+@dataclass
+class TrainConfig:
+    """GRPO hyperparameters, named as TRL's GRPOConfig names them. MISSING here: the value is in
+    conf/train/default.yaml (one place for each default); the rest default here."""
+
+    max_steps: int = MISSING
+    num_generations: int = MISSING
+    per_device_train_batch_size: int = MISSING
+    gradient_accumulation_steps: int = MISSING
+    generation_batch_size: Optional[int] = None
+    steps_per_generation: Optional[int] = MISSING
+    num_iterations: int = 1
+    max_completion_length: int = MISSING
+    learning_rate: float = MISSING
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    beta: float = MISSING
+    epsilon: float = 0.2
+    loss_type: str = MISSING
+    scale_rewards: str = MISSING
+    temperature: float = MISSING
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    mask_truncated_completions: bool = False
+    seed: int = MISSING
+    # auto: bf16 autocast where the hardware computes bf16 natively (CUDA, AVX512-BF16, AMX), else fp32
+    precision: str = MISSING
+    gradient_checkpointing: bool = False
+    # Score each distinct prompt once per batch instead of once per completion (training/shared_prefix.py):
+    # the same log-probs and gradients as TRL's forward, with less work. Off when gradient checkpointing is on.
+    shared_prefix: bool = True
+    logging_steps: int = 1
+    save_steps: int = MISSING
+    save_total_limit: Optional[int] = MISSING
+    # Any other GRPOConfig field, passed through after a name check
+    extra: Any = field(default_factory=dict)
+
+    LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+    REWARD_SCALINGS = ("group", "batch", "none")
+
+    @staticmethod
+    def check(train: Any) -> None:
+        require_positive("train", train, "max_steps", "num_generations", "per_device_train_batch_size",
+                         "gradient_accumulation_steps", "num_iterations", "max_completion_length",
+                         "logging_steps", "save_steps")
+        require(train.num_generations >= 2, f"train.num_generations={train.num_generations} must be at least 2 "
+                                            f"(GRPO compares completions within a group)")
+        require(math.isfinite(train.learning_rate) and train.learning_rate > 0,
+                f"train.learning_rate={train.learning_rate} must be a positive number")
+        require(train.temperature > 0, f"train.temperature={train.temperature} must be > 0")
+        require(0 < train.top_p <= 1, f"train.top_p={train.top_p} must be in (0, 1]")
+        require(train.beta >= 0, f"train.beta={train.beta} must be >= 0")
+        require_choice("train.precision", train.precision, PRECISIONS)
+        require_choice("train.loss_type", train.loss_type, TrainConfig.LOSS_TYPES)
+        require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)
+        gen_batch, _ = generation_batch(train)
+        if gen_batch % train.num_generations:
+            divisors = [d for d in range(2, gen_batch + 1) if gen_batch % d == 0]
+            raise ConfigError(
+                f"train.num_generations={train.num_generations} does not divide the generation batch of {gen_batch} "
+                f"completions (train.per_device_train_batch_size x steps_per_generation); use one of "
+                f"{', '.join(map(str, divisors))} or change the batch size")
+        extra = OmegaConf.to_container(train.extra) if isinstance(train.extra, DictConfig) else dict(train.extra or {})
+        if extra:
+            from trl import GRPOConfig
+
+            known = {f.name for f in dataclasses.fields(GRPOConfig)}
+            unknown = sorted(set(extra) - known)
+            require(not unknown, f"train.extra has keys that GRPOConfig does not know: {', '.join(unknown)}")
+            clash = sorted(set(extra) & {f.name for f in dataclasses.fields(TrainConfig)})
+            require(not clash, f"set {', '.join(clash)} as train.<name>, not inside train.extra")
+
+
+def generation_batch(train: Any) -> tuple[int, int]:
+    """(completions per generation round, per-device batches it feeds), as GRPOConfig derives them. The
+    second is TRL's steps_per_generation: optimizer steps only when gradient_accumulation_steps is 1."""
+    per_step = train.per_device_train_batch_size
+    if train.generation_batch_size is not None and train.steps_per_generation is not None:
+        raise ConfigError("set only one of train.generation_batch_size and train.steps_per_generation, not both")
+    if train.generation_batch_size is not None:
+        if train.generation_batch_size % per_step:
+            raise ConfigError(f"train.generation_batch_size={train.generation_batch_size} must be a multiple of "
+                              f"train.per_device_train_batch_size={per_step}")
+        return train.generation_batch_size, train.generation_batch_size // per_step
+    spg = train.steps_per_generation or train.gradient_accumulation_steps
+    return per_step * spg, spg
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    project: str = "grpo-exp"
+    entity: Optional[str] = None
+    mode: str = "offline"
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+    NAMES = ("none", "wandb")
+    MODES = ("offline", "online", "disabled")
+
+    @staticmethod
+    def check(logger: Any) -> None:
+        require_choice("logger.name", logger.name, LoggerConfig.NAMES)
+        require_choice("logger.mode", logger.mode, LoggerConfig.MODES)
+
+
+@dataclass
+class EvalConfig:
+    """Ground-truth evaluation (grpo_exp.evaluate, and training runs with after_train=true)."""
+
+    # after training: evaluate the trained model and the model it started from on the same held-out
+    # problems, and print a before/after table with a paired McNemar test
+    after_train: bool = True
+    # names from conf/stage (basic, intermediate, advanced, gsm8k); empty: the current stage
+    sets: List[str] = field(default_factory=list)
+    limit: int = 200  # problems per set: a fixed seeded subset of the held-out split
+    batch_size: int = 32
+    max_new_tokens: Optional[int] = None  # None: each set's stage max_completion_length
+    do_sample: bool = False  # greedy by default
+    temperature: float = 1.0
+    seed: int = 0
+    # pass@k (unbiased estimator, Chen et al. 2021) from `num_samples` completions per problem sampled
+    # at eval.temperature, beside the greedy accuracy; e.g. eval.pass_k=[1,8]. Empty: greedy only.
+    pass_k: List[int] = field(default_factory=list)
+    num_samples: Optional[int] = None  # None: the largest k
+    # during training: greedy accuracy on the first `every_limit` held-out problems every N steps
+    # (eval/<set>/accuracy in history.jsonl and wandb); null turns it off
+    every_steps: Optional[int] = 20
+    every_limit: int = 50
+
+    @staticmethod
+    def check(ev: Any) -> None:
+        from grpo_exp.config.options import group_options
+
+        valid = group_options("stage")
+        for name in ev.sets:
+            require(name in valid, f"unknown eval set '{name}' in eval.sets; valid sets: {', '.join(valid)}")
+        require_positive("eval", ev, "limit", "batch_size", "every_limit")
+        require(ev.max_new_tokens is None or ev.max_new_tokens >= 1,
+                f"eval.max_new_tokens={ev.max_new_tokens} must be a positive integer or null (the stage's length)")
+        require(math.isfinite(ev.temperature) and ev.temperature > 0, f"eval.temperature={ev.temperature} must be > 0")
+        require(ev.every_steps is None or ev.every_steps >= 1,
+                f"eval.every_steps={ev.every_steps} must be a positive integer (or null to turn it off)")
+        for k in ev.pass_k:
+            require(k >= 1, f"eval.pass_k has k={k}; every k must be a positive integer")
+        samples = pass_k_samples(ev)
+        require(samples is None or samples >= 1, f"eval.num_samples={ev.num_samples} must be a positive integer")
+        for k in ev.pass_k:
+            require(k <= samples, f"eval.pass_k has k={k}, above the {samples} samples per problem "
+                                  f"(eval.num_samples={samples}); raise eval.num_samples or lower k")
+
+
+def pass_k_samples(ev: Any) -> int | None:
+    """Completions sampled per problem for pass@k: eval.num_samples, or the largest k."""
+    if ev.num_samples is not None:
+        return ev.num_samples
+    return max(ev.pass_k) if ev.pass_k else None
+
+
+@dataclass
+class PathsConfig:
+    output_dir: str = MISSING
+    cache_dir: str = MISSING
+
+
+def _keyword_dataclass(name: str, doc: str, fields: dict[str, tuple[Any, Any]], check) -> type:
+    """A dataclass whose field names may be Python keywords (`ewc.lambda`, the literature's name).
+
+    dataclasses generates __init__/__repr__/__eq__ source that would not compile with a keyword, so
+    those are off; OmegaConf reads only the fields, so typing and unknown-key errors still hold."""
+    namespace = {"__doc__": doc, "__annotations__": {k: t for k, (t, _) in fields.items()},
+                 **{k: default for k, (_, default) in fields.items()}, "check": staticmethod(check)}
+    return dataclass(init=False, repr=False, eq=False)(type(name, (), namespace))
+
+
+def _check_ewc(ewc: Any) -> None:
+    for key in ("lambda", "gamma"):
+        value = ewc[key]
+        require(math.isfinite(value) and value >= 0, f"ewc.{key}={value!r} must be a finite number >= 0")
+    require(ewc["gamma"] <= 1, f"ewc.gamma={ewc['gamma']!r} must be in [0, 1] (the decay of the old Fisher)")
+    require_positive("ewc", ewc, "fisher_samples", "fisher_batch_size")
+
+
+EwcConfig = _keyword_dataclass("EwcConfig", "Elastic weight consolidation across stages (training/ewc.py).", {
+    "lambda": (float, 0.0),  # penalty strength; 0 = no EWC: no penalty and no Fisher estimate
+    "gamma": (float, 1.0),  # online EWC decay of the old Fisher: F <- gamma * F_old + F_new
+    "fisher_samples": (int, 32),  # sampled completions (one gradient each) per Fisher estimate
+    "fisher_batch_size": (int, 8),  # prompts per sampling batch (gradients are still per sequence)
+    "fisher_max_new_tokens": (Optional[int], None),  # None: the stage's train.max_completion_length
+    # the tied embedding/LM head dominates parameter count; left out by default
+    "include_embeddings": (bool, False),
+}, _check_ewc)
+
+
+@dataclass
+class CurriculumConfig:
+    name: str = "none"
+    # stage option names run in order, each continuing from the last; empty: a single-stage run
+    stages: List[str] = field(default_factory=list)
+    eval_limit: int = 100  # held-out problems per stage in the accuracy matrix
+    eval_batch_size: int = 16
+    eval_base: bool = True  # also evaluate the starting model (row "base" of the matrix)
+
+    @staticmethod
+    def check(curriculum: Any) -> None:
+        if curriculum.stages:
+            from grpo_exp.config.options import group_options
+
+            for stage in curriculum.stages:
+                require_choice("curriculum.stages entry", stage, tuple(group_options("stage")))
+        require_positive("curriculum", curriculum, "eval_limit", "eval_batch_size")
+
+
+@dataclass
+class RunConfig:
+    task_name: str = "train"
+    model: ModelConfig = MISSING
+    stage: StageConfig = MISSING
+    reward: RewardConfig = MISSING
+    quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    cpu: CpuConfig = field(default_factory=CpuConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    ewc: EwcConfig = field(default_factory=EwcConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    # a run directory (or its model/) to continue from, with its EWC state when ewc.lambda > 0
+    init_from: Optional[str] = None
+    # false, true (continue the run in paths.output_dir = hydra.run.dir) or the run directory to continue
+    resume: Any = False
+    # a NaN/inf loss or reward: stop (keeping the last checkpoint) or skip that batch's update
+    on_nonfinite: str = "stop"
+    # rows of prompts/completions/rewards kept in completions.jsonl, every `completions_every` steps
+    completions_every: int = 5
+    # level of the grpo_exp loggers: WARNING quiets a run, DEBUG says more
+    log_level: str = "INFO"
+
+    NONFINITE_POLICIES = ("stop", "skip")
+
+    @staticmethod
+    def check(cfg: Any) -> None:
+        require_choice("on_nonfinite", cfg.on_nonfinite, RunConfig.NONFINITE_POLICIES)
+        require_choice("log_level", cfg.log_level, LEVELS)
+        require(isinstance(cfg.resume, bool) or (isinstance(cfg.resume, str) and Path(cfg.resume).is_dir()),
+                f"resume={cfg.resume!r} must be true, false or an existing run directory")
+        require(cfg.completions_every >= 1, f"completions_every={cfg.completions_every} must be >= 1")
+        if cfg.init_from:
+            require(Path(cfg.init_from).exists(), f"init_from={cfg.init_from} does not exist; give the run directory "
+                                                  f"of an earlier stage (it holds model/)")
+
+
+@dataclass
+class EvaluateRunConfig(RunConfig):
+    """Root of `python -m grpo_exp.evaluate`: the training config plus the model to evaluate."""
+
+    task_name: str = "evaluate"
+    # a run directory holding model/, or a model directory; None: the base model of the `model` option
+    checkpoint: Optional[str] = None
+
+
+# group name -> schema, in the order validate checks them
+GROUPS = {"model": ModelConfig, "stage": StageConfig, "quantization": QuantizationConfig, "logger": LoggerConfig,
+          "cpu": CpuConfig, "train": TrainConfig, "ewc": EwcConfig, "eval": EvalConfig,
+          "curriculum": CurriculumConfig, "reward": RewardConfig}
+
+
+def register_configs() -> None:
+    """Make the schemas available to the defaults lists as `train_schema` and `evaluate_schema`."""
+    ConfigStore.instance().store(name="train_schema", node=RunConfig)
+    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateRunConfig)
+
+
+register_configs()

@@ -1,0 +1,1 @@
+"""Core layer: problems (data/), rewards, models and quantized evaluation copies."""

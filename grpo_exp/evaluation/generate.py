@@ -1,0 +1,163 @@
+"""Ground-truth evaluation of a policy on a problem set: batched greedy (or seeded sampled)
+generation, the same answer parser as the correctness reward, Wilson intervals, speed and memory.
+
+Heuristic measures are reported under `heuristic_*` keys and never mixed into accuracy.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from grpo_exp.core import rewards
+from grpo_exp.core.data import to_messages
+from grpo_exp.base.monitor import peak_rss_mb
+from grpo_exp.evaluation.stats import pass_at_k, wilson_interval
+
+
+def model_size_mb(model: torch.nn.Module) -> float:
+    """Bytes held by parameters and buffers (packed int8 weights of quantized Linear layers included)."""
+    total = sum(t.numel() * t.element_size() for t in model.parameters())
+    total += sum(t.numel() * t.element_size() for t in model.buffers())
+    for module in model.modules():
+        packed = getattr(module, "_packed_params", None)
+        if packed is not None and hasattr(packed, "_weight_bias"):
+            weight, bias = packed._weight_bias()
+            total += weight.numel() * weight.element_size() + (bias.numel() * bias.element_size() if bias is not None else 0)
+    return total / 2**20
+
+
+@torch.no_grad()
+def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
+                         do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
+                         desc: str = "generating") -> tuple[list[str], list[int], float, int]:
+    """Completions for chat prompts: (texts, completion token counts, seconds spent generating,
+    token positions decoded). A batch decodes until its longest completion ends, so positions
+    include the padding after shorter completions' EOS: positions / seconds is the raw decoding
+    throughput, comparable between models whose answers differ in length."""
+    padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"  # decoder-only generation needs the prompt flush against the new tokens
+    texts, lengths, seconds, positions = [], [], 0.0, 0
+    generator_seed = seed
+    was_training = model.training
+    model.eval()
+    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, leave=False):
+        batch = prompts[start:start + batch_size]
+        enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True, padding=True)
+        # use_cache: training with gradient checkpointing turns the KV cache off in the model config.
+        kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "use_cache": True}
+        if do_sample:
+            torch.manual_seed(generator_seed + start)
+            kwargs.update(do_sample=True, temperature=temperature)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        t0 = time.perf_counter()
+        out = model.generate(**enc, **kwargs)
+        seconds += time.perf_counter() - t0
+        new = out[:, enc["input_ids"].shape[1]:]
+        positions += new.numel()
+        for row in new:
+            ids = row.tolist()
+            # Count up to and including the first EOS: the rest is padding.
+            n = next((i + 1 for i, t in enumerate(ids) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)), len(ids))
+            lengths.append(n)
+            texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True))
+    model.train(was_training)
+    tokenizer.padding_side = padding_side
+    return texts, lengths, seconds, positions
+
+
+def score(examples: list[dict], texts: list[str], lengths: list[int]) -> tuple[dict, list[dict]]:
+    """Accuracy and format figures for generated texts against ground truth."""
+    completions = list(texts)
+    answers = [str(ex["answer"]) for ex in examples]
+    correct = rewards.correctness(completions, answers)
+    formatted = rewards.answer_format(completions, answers)
+    reasoning = rewards.heuristic_reasoning(completions, answers)
+    consistency = [_answer_work_consistency(t) for t in texts]
+    n = len(examples)
+    k = int(sum(correct))
+    low, high = wilson_interval(k, n)
+    samples = [
+        {"question": ex["question"], "answer": str(ex["answer"]), "completion": text,
+         "predicted": rewards.extract_answer(text), "correct": bool(c), "format_ok": bool(f), "tokens": length}
+        for ex, text, length, c, f in zip(examples, texts, lengths, correct, formatted)
+    ]
+    metrics = {
+        "n": n,
+        "correct": k,
+        "accuracy": k / n if n else 0.0,
+        "accuracy_ci95_low": low,
+        "accuracy_ci95_high": high,
+        "format_compliance": sum(formatted) / n if n else 0.0,
+        "mean_completion_tokens": sum(lengths) / n if n else 0.0,
+        "heuristic_reasoning_presence": sum(r > 0 for r in reasoning) / n if n else 0.0,
+        "heuristic_answer_work_consistency": _mean([c for c in consistency if c is not None]),
+    }
+    return metrics, samples
+
+
+def _answer_work_consistency(text: str) -> float | None:
+    """Heuristic: does the stated answer appear as the result of some worked equation ("... = 12")?
+    None when the completion shows no equation at all."""
+    import re
+
+    results = re.findall(r"=\s*\$?\s*(-?[\d,]*\.?\d+)", text)
+    if not results:
+        return None
+    answer = rewards.extract_answer(text)
+    return float(any(rewards.answers_match(rewards.parse_number(r), answer) for r in results if answer is not None))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def sampled_correct_counts(model, tokenizer, examples: list[dict], prompts: list[list[dict]], *, num_samples: int,
+                           max_new_tokens: int, batch_size: int, temperature: float, seed: int,
+                           desc: str) -> list[int]:
+    """How many of `num_samples` sampled completions per problem are correct."""
+    repeated = [p for p in prompts for _ in range(num_samples)]
+    texts, _, _, _ = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens,
+                                          batch_size=batch_size, do_sample=True, temperature=temperature,
+                                          seed=seed, desc=desc)
+    answers = [str(ex["answer"]) for ex in examples for _ in range(num_samples)]
+    correct = rewards.correctness(texts, answers)
+    return [int(sum(correct[i * num_samples:(i + 1) * num_samples])) for i in range(len(examples))]
+
+
+def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_new_tokens: int, batch_size: int = 8,
+             do_sample: bool = False, temperature: float = 1.0, seed: int = 0, desc: str = "eval",
+             pass_k: list[int] | tuple = (), num_samples: int | None = None) -> tuple[dict, list[dict]]:
+    """Generate for every problem and score against its ground truth; with `pass_k`, also sample
+    `num_samples` completions per problem at `temperature` and report pass@k for each k."""
+    prompts = [to_messages(ex["question"], system_prompt) for ex in examples]
+    texts, lengths, seconds, positions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                                   batch_size=batch_size, do_sample=do_sample,
+                                                   temperature=temperature, seed=seed, desc=desc)
+    metrics, samples = score(examples, texts, lengths)
+    metrics.update({
+        "generation_s": seconds,
+        # completion tokens (up to EOS) per second: the useful output rate
+        "tokens_per_s": sum(lengths) / seconds if seconds > 0 else None,
+        # every decoded position per second, padding after EOS included: the raw speed of the model
+        "decode_tokens_per_s": positions / seconds if seconds > 0 else None,
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "model_size_mb": round(model_size_mb(model), 1),
+        "decoding": "sampled" if do_sample else "greedy",
+    })
+    if pass_k:
+        n = num_samples or max(pass_k)
+        counts = sampled_correct_counts(model, tokenizer, examples, prompts, num_samples=n,
+                                        max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                        temperature=temperature, seed=seed, desc=f"{desc} pass@k")
+        metrics["pass_at_k"] = {str(k): sum(pass_at_k(n, c, k) for c in counts) / len(counts) if counts else 0.0
+                                for k in sorted(set(pass_k))}
+        metrics["pass_samples"] = n
+        metrics["pass_temperature"] = temperature
+        for row, c in zip(samples, counts):
+            row["sampled_correct"] = c
+    return metrics, samples

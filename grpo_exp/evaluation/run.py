@@ -1,0 +1,405 @@
+"""Evaluation of one model on held-out problems, the library behind `python -m grpo_exp.evaluate`.
+
+Ground-truth accuracy (with a Wilson 95% interval), format compliance, completion length, speed
+and memory of one model on the held-out split of each set, fp32 or `quantization=dynamic_int8`.
+Writes eval.json and eval_samples.jsonl into the run directory and prints a table.
+
+The functions here are the one code path for evaluation: this entrypoint, training runs with
+`eval.after_train=true` (`evaluate_after_train`) and `grpo-compare` all call them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from grpo_exp.base import log
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.base.text import markdown_table
+
+logger = log.get_logger(__name__)
+
+
+@dataclass
+class EvalSet:
+    """One problem set: the stage option it comes from, its settings and its problems."""
+
+    name: str
+    dataset: str
+    max_new_tokens: int
+    source: str  # "generated", a JSONL path, or a hub id
+    examples: list[dict] = field(default_factory=list)
+    held_out: int = 0  # size of the held-out split the problems were taken from
+
+
+# --- checks that need no model ---------------------------------------------------------------
+
+def _has_weights(path: Path) -> bool:
+    return any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+
+
+def resolve_checkpoint(checkpoint: str | None) -> Path | None:
+    """The model directory of `checkpoint` (a run directory holding model/, or a model directory)."""
+    if not checkpoint:
+        return None
+    path = Path(str(checkpoint)).expanduser()
+    if not path.exists():
+        raise ConfigError(f"checkpoint={checkpoint} does not exist; give a run directory (holding model/) "
+                          f"or a model directory, or leave it null for the base model")
+    for candidate in (path / "model", path):
+        if (candidate / "config.json").is_file() and _has_weights(candidate):
+            return candidate
+    raise ConfigError(f"checkpoint={checkpoint} holds no model (expected {path}/model/ or {path}/ with config.json "
+                      f"and *.safetensors weights); give the run directory of a finished training run")
+
+
+def run_model_name(path: str | Path | None) -> str | None:
+    """The model option a training run started from (its .hydra/config.yaml), for a run dir or its model/."""
+    if not path:
+        return None
+    path = Path(path)
+    for saved in (path / ".hydra" / "config.yaml", path.parent / ".hydra" / "config.yaml"):
+        if saved.is_file():
+            name = OmegaConf.select(OmegaConf.load(saved), "model.name")
+            return str(name) if name else None
+    return None
+
+
+def set_names(cfg) -> list[str]:
+    """eval.sets without repeats, or the current stage when it is empty."""
+    names = list(cfg.eval.sets) or [cfg.stage.name]
+    return list(dict.fromkeys(names))
+
+
+def set_settings(cfg, name: str) -> tuple[DictConfig, int]:
+    """(stage node, max_new_tokens) of an eval set.
+
+    The current stage keeps its command-line overrides; any other set is conf/stage/<name>.yaml as
+    `python -m grpo_exp.train stage=<name>` would compose it. A GSM8K set with no path of its own
+    reads `stage.path` from the command line when one is given, else the hub.
+    """
+    if name == cfg.stage.name:
+        stage, length = cfg.stage, cfg.train.max_completion_length
+    else:
+        composed = _compose([f"stage={name}"])
+        stage, length = composed.stage, composed.train.max_completion_length
+        if stage.dataset == "gsm8k" and not stage.path and cfg.stage.path:
+            stage = OmegaConf.merge(stage, {"path": cfg.stage.path})
+    return stage, int(cfg.eval.max_new_tokens or length)
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """conf/evaluate.yaml with `overrides`, inside or outside a running Hydra app."""
+    from grpo_exp.config.compose import compose
+
+    return compose("evaluate", overrides)
+
+
+def check(cfg) -> Path | None:
+    """Everything evaluate can check before loading data or a model; returns the checkpoint's model dir."""
+    from grpo_exp.config.checks import validate
+    from grpo_exp.core.models import check_available
+
+    validate(cfg)  # includes eval.* (known set names, sizes)
+    model_dir = resolve_checkpoint(cfg.get("checkpoint"))
+    with open_dict(cfg):
+        cfg.data_seed_from = use_recorded_split(cfg, model_dir)
+    if model_dir is None:
+        check_available(cfg.model, cfg.paths.cache_dir)
+    for name in set_names(cfg):
+        stage, _ = set_settings(cfg, name)
+        if stage.dataset == "gsm8k" and stage.path:
+            if not Path(stage.path).exists():
+                raise ConfigError(f"stage.path={stage.path} (GSM8K set '{name}') does not exist; give a GSM8K JSONL "
+                                  f"file or a directory holding test.jsonl, or leave it empty for the hub")
+            held_out_split(stage, cfg.eval.limit, cfg.train.seed, name)  # a bad line or a short split fails here
+        elif stage.dataset != "gsm8k" and cfg.eval.limit > stage.num_test:
+            held_out_split(stage, cfg.eval.limit, cfg.train.seed, name)  # raises: the split is too small
+    return model_dir
+
+
+# --- data, model, evaluation -----------------------------------------------------------------
+
+def load_sets(cfg) -> list[EvalSet]:
+    """The problems of every eval set: the first eval.limit of its held-out test split.
+
+    The held-out split is the one training leaves out (drawn with the data seed, train.seed or the
+    seed recorded by the checkpoint's run; GSM8K: its test file, shuffled with that seed), so the
+    same config always gives the same problems, smaller limits give a prefix of larger ones, and
+    curriculum runs score the same problems.
+    """
+    from grpo_exp.core import data
+
+    sets = []
+    for name in set_names(cfg):
+        stage, max_new_tokens = set_settings(cfg, name)
+        split = held_out_split(stage, cfg.eval.limit, cfg.train.seed, name)
+        source = "generated" if stage.dataset in data.LEVELS else str(stage.path or stage.hub_id)
+        sets.append(EvalSet(name, stage.dataset, max_new_tokens, source, split[:cfg.eval.limit], len(split)))
+    return sets
+
+
+def held_out_split(stage, limit: int, seed: int, name: str | None = None) -> list[dict]:
+    """The held-out test split of a stage that evaluations draw their first `limit` problems from;
+    a split smaller than `limit` is a one-line ConfigError naming both numbers."""
+    from grpo_exp.core import data
+
+    name = name or stage.name
+    if stage.dataset in data.LEVELS and limit > stage.num_test:
+        raise ConfigError(f"eval set '{name}' holds {stage.num_test} held-out problems (stage.num_test) but "
+                          f"{limit} were asked for (eval.limit={limit}); lower the limit or raise stage.num_test")
+    split = data.build_examples(stage.dataset, "test", num_train=0, num_test=stage.num_test, seed=seed,
+                                path=stage.path, hub_id=stage.hub_id, hub_config=stage.hub_config,
+                                test_fraction=stage.test_fraction)
+    if len(split) < limit:
+        raise ConfigError(f"eval set '{name}' holds {len(split)} held-out problems but {limit} were asked for "
+                          f"(eval.limit={limit}); lower the limit or use a larger test split")
+    return split
+
+
+def recorded_data_settings(model_dir: Path | None) -> dict | None:
+    """The data seed and stage of the training run a checkpoint came from (its .hydra/config.yaml),
+    so the checkpoint is scored on the split that run held out; None for a base model or a bare dir."""
+    if model_dir is None:
+        return None
+    for saved in (model_dir / ".hydra" / "config.yaml", model_dir.parent / ".hydra" / "config.yaml"):
+        if saved.is_file():
+            run_cfg = OmegaConf.load(saved)
+            seed = OmegaConf.select(run_cfg, "train.seed")
+            if seed is None:
+                return None
+            return {"seed": int(seed), "stage": OmegaConf.select(run_cfg, "stage"), "source": str(saved)}
+    return None
+
+
+def use_recorded_split(cfg, model_dir: Path | None) -> str:
+    """Point cfg's data seed (and, for the run's own stage, its split settings) at what the
+    checkpoint's run used; returns where the data seed came from, for eval.json."""
+    recorded = recorded_data_settings(model_dir)
+    if recorded is None:
+        return "train.seed"
+    cfg.train.seed = recorded["seed"]
+    stage = recorded["stage"]
+    if stage is not None and stage.get("name") == cfg.stage.name:
+        for key in ("num_test", "test_fraction", "path"):
+            if key in stage and not (key == "path" and cfg.stage.get("path")):
+                cfg.stage[key] = stage[key]
+    return recorded["source"]
+
+
+def load_model(cfg, model_dir: Path | None = None):
+    """(model, tokenizer) in fp32: the checkpoint's model, or the base model of the `model` option."""
+    from grpo_exp.core import models
+
+    return models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed, init_from=model_dir)
+
+
+def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -> tuple[dict, list[dict]]:
+    """Per-set metrics and per-problem samples of `model` (already quantized if it should be)."""
+    from grpo_exp.config.schema import pass_k_samples
+    from grpo_exp.evaluation.generate import evaluate
+
+    ev = cfg.eval
+    results, samples = {}, []
+    for s in sets:
+        metrics, rows = evaluate(model, tokenizer, s.examples, system_prompt=cfg.reward.system_prompt,
+                                 max_new_tokens=s.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample,
+                                 temperature=ev.temperature, seed=ev.seed, desc=" ".join(filter(None, ("eval", label, s.name))),
+                                 pass_k=list(ev.pass_k), num_samples=pass_k_samples(ev))
+        metrics.update({"dataset": s.dataset, "source": s.source, "held_out": s.held_out,
+                        "max_new_tokens": s.max_new_tokens})
+        results[s.name] = metrics
+        samples.extend({"set": s.name, **({"variant": label} if label else {}), **row} for row in rows)
+    return results, samples
+
+
+def model_info(model, model_dir: Path | None, method: str) -> dict:
+    """What was evaluated: where the weights came from, quantization and size in memory."""
+    from grpo_exp.evaluation.generate import model_size_mb
+    from grpo_exp.core.quantization import quantized_linear_count
+
+    return {
+        "checkpoint": str(model_dir) if model_dir is not None else None,
+        "checkpoint_model": run_model_name(model_dir),  # the model option that run trained
+        "quantization": method,
+        "quantized_linear_layers": quantized_linear_count(model),
+        "model_size_mb": round(model_size_mb(model), 1),
+    }
+
+
+def settings_summary(cfg, sets: list[EvalSet]) -> dict:
+    """The evaluation settings eval.json records beside the figures."""
+    import torch
+
+    return {
+        "model": cfg.model.name,
+        "sets": [s.name for s in sets],
+        "limit": cfg.eval.limit,
+        "batch_size": cfg.eval.batch_size,
+        "max_new_tokens": {s.name: s.max_new_tokens for s in sets},
+        "decoding": "sampled" if cfg.eval.do_sample else "greedy",
+        "temperature": cfg.eval.temperature if cfg.eval.do_sample or cfg.eval.pass_k else None,
+        "pass_k": list(cfg.eval.pass_k),
+        "seed": cfg.eval.seed,
+        "data_seed": cfg.train.seed,
+        "data_seed_from": cfg.get("data_seed_from") or "train.seed",
+        "split": "held-out test split (no canonical expression or source problem shared with training)",
+        "reward": cfg.reward.name,
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+    }
+
+
+def format_table(results: dict[str, dict], label_key: str = "set") -> str:
+    """A markdown table of per-set (or per-variant) metrics, with pass@k columns where measured."""
+    ks = sorted({k for m in results.values() for k in m.get("pass_at_k", {})}, key=int)
+    header = [label_key, "n", "accuracy", "95% CI", *(f"pass@{k}" for k in ks), "format", "mean tokens",
+              "tokens/s", "decode tokens/s", "size MB"]
+    rows = []
+    for name, m in results.items():
+        rate = [f"{m[k]:.1f}" if m.get(k) else "n/a" for k in ("tokens_per_s", "decode_tokens_per_s")]
+        passes = [f"{m['pass_at_k'][k]:.3f}" if k in m.get("pass_at_k", {}) else "" for k in ks]
+        rows.append([name, m["n"], f"{m['accuracy']:.3f}", f"[{m['accuracy_ci95_low']:.3f}, {m['accuracy_ci95_high']:.3f}]",
+                     *passes, f"{m['format_compliance']:.3f}", f"{m['mean_completion_tokens']:.1f}", *rate,
+                     f"{m['model_size_mb']:.1f}"])
+    return markdown_table(header, rows, align="lrrl" + "r" * (len(header) - 4))
+
+
+def write_outputs(run_dir: str | Path, summary: dict, results: dict, samples: list[dict]) -> dict:
+    """eval.json (settings, per-set metrics, table) and eval_samples.jsonl in `run_dir`."""
+    from grpo_exp.base.io import write_json
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    report = {"config": summary, "sets": results, "table": format_table(results)}
+    write_json(run_dir / "eval.json", report)
+    with (run_dir / "eval_samples.jsonl").open("w") as fh:
+        for row in samples:
+            fh.write(json.dumps(row, default=str) + "\n")
+    return report
+
+
+def evaluate_model(cfg, model, tokenizer, sets: list[EvalSet], model_dir: Path | None, run_dir) -> dict:
+    """Quantize (a copy) as configured, evaluate every set, write the outputs; returns eval.json's content."""
+    from grpo_exp.core.quantization import quantize_for_eval
+
+    started = time.time()
+    eval_model = quantize_for_eval(model, cfg.quantization.method)
+    results, samples = evaluate_sets(eval_model, tokenizer, sets, cfg)
+    summary = {**settings_summary(cfg, sets), **model_info(eval_model, model_dir, cfg.quantization.method),
+               "eval_time_s": round(time.time() - started, 1)}
+    del eval_model
+    return write_outputs(run_dir, summary, results, samples)
+
+
+def run(cfg) -> dict:
+    """Check, load the problems, then the model; evaluate and write eval.json."""
+    from grpo_exp.base import cpu
+
+    model_dir = check(cfg)
+    sets = load_sets(cfg)  # data errors (bad JSONL line, hub offline) surface before the model loads
+    cpu.apply(cfg.cpu)
+    model, tokenizer = load_model(cfg, model_dir)
+    report = evaluate_model(cfg, model, tokenizer, sets, model_dir, cfg.paths.output_dir)
+    print(report["table"])
+    logger.info("eval.json and eval_samples.jsonl in %s", cfg.paths.output_dir)
+    return report
+
+
+def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path | None = None) -> dict:
+    """`eval.after_train=true`: evaluate the just-trained policy (a quantized copy if configured) and
+    the model it started from on the same held-out problems, and compare them pairwise.
+
+    Writes eval.json and eval_samples.jsonl (the trained model) and before_after.json/.md (both
+    models, with McNemar's exact test) to `run_dir`, prints the table and returns eval.json's
+    per-set metrics plus a "before_after" entry. The starting model's figures are cached per model,
+    problems and settings (the base model only), so repeated runs evaluate it once. A data error
+    (e.g. GSM8K unreachable) is reported on one line and returned as {"error": ...}, so the training
+    run still records its metrics.
+    """
+    try:
+        sets = load_sets(cfg)
+    except ConfigError as err:
+        logger.warning("evaluation skipped: %s", err)
+        return {"error": str(err)}
+    saved = Path(run_dir) / "model"
+    report = evaluate_model(cfg, model, tokenizer, sets, saved if saved.is_dir() else None, run_dir)
+    from grpo_exp.base.io import read_jsonl
+
+    trained_samples = read_jsonl(Path(run_dir) / "eval_samples.jsonl")
+    before = starting_model_results(cfg, sets, start_model_dir)
+    comparison = before_after(sets, before, {"sets": report["sets"], "samples": trained_samples},
+                              "start" if start_model_dir else "base")
+    from grpo_exp.base.io import write_json
+
+    write_json(Path(run_dir) / "before_after.json", comparison)
+    (Path(run_dir) / "before_after.md").write_text(comparison["table"] + "\n")
+    print(comparison["table"])
+    return {**report["sets"], "before_after": {name: c for name, c in comparison["sets"].items()}}
+
+
+def _base_cache_path(cfg, sets: list[EvalSet]) -> Path:
+    """Cache file of the base model's figures: keyed by everything that decides them."""
+    import hashlib
+
+    import torch
+
+    from grpo_exp.config.schema import pass_k_samples
+
+    key = {
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "sets": [[s.name, s.dataset, s.max_new_tokens, [ex["question"] for ex in s.examples]] for s in sets],
+        "system_prompt": cfg.reward.system_prompt,
+        "eval": [cfg.eval.batch_size, cfg.eval.do_sample, cfg.eval.temperature, cfg.eval.seed,
+                 list(cfg.eval.pass_k), pass_k_samples(cfg.eval), cfg.quantization.method],
+        "torch": torch.__version__,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return Path(cfg.paths.cache_dir) / "base_eval" / f"{cfg.model.name}-{digest}.json"
+
+
+def starting_model_results(cfg, sets: list[EvalSet], start_model_dir: Path | None) -> dict:
+    """{"sets", "samples"} of the model training started from: the base model (cached) or init_from's."""
+    from grpo_exp.core.quantization import quantize_for_eval
+    from grpo_exp.base.io import write_json
+
+    cache = _base_cache_path(cfg, sets) if start_model_dir is None else None
+    if cache is not None and cache.is_file():
+        logger.info("base model figures from the cache: %s", cache)
+        return json.loads(cache.read_text())
+    model, tokenizer = load_model(cfg, start_model_dir)
+    eval_model = quantize_for_eval(model, cfg.quantization.method)
+    results, samples = evaluate_sets(eval_model, tokenizer, sets, cfg, label="before")
+    del model, eval_model
+    before = {"sets": results, "samples": samples}
+    if cache is not None:
+        write_json(cache, before)
+    return before
+
+
+def before_after(sets: list[EvalSet], before: dict, after: dict, before_label: str) -> dict:
+    """Per set: both accuracies with intervals and the paired difference with McNemar's exact p."""
+    from grpo_exp.evaluation.stats import paired
+
+    out, rows = {}, []
+    for s in sets:
+        b, a = before["sets"][s.name], after["sets"][s.name]
+        pairs = paired([r for r in before["samples"] if r["set"] == s.name],
+                       [r for r in after["samples"] if r["set"] == s.name])
+        out[s.name] = {"n": a["n"], "before": b["accuracy"], "after": a["accuracy"],
+                       "before_ci95": [b["accuracy_ci95_low"], b["accuracy_ci95_high"]],
+                       "after_ci95": [a["accuracy_ci95_low"], a["accuracy_ci95_high"]],
+                       "format_before": b["format_compliance"], "format_after": a["format_compliance"], **pairs}
+        rows.append([f"{s.name} ({a['n']})", _accuracy_ci(b), _accuracy_ci(a), f"{pairs['accuracy_diff']:+.3f}",
+                     f"{pairs['mcnemar_p']:.2g}", f"{b['format_compliance']:.2f} -> {a['format_compliance']:.2f}"])
+    lines = [markdown_table(["set (n)", f"{before_label} accuracy [95% CI]", "trained accuracy [95% CI]", "difference",
+                             "McNemar p", f"format {before_label} -> trained"], rows)]
+    return {"before": before_label, "sets": out, "table": "\n".join(lines)}
+
+
+def _accuracy_ci(m: dict) -> str:
+    return f"{m['accuracy']:.3f} [{m['accuracy_ci95_low']:.3f}, {m['accuracy_ci95_high']:.3f}]"

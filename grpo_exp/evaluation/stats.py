@@ -1,0 +1,48 @@
+"""The statistics behind every accuracy figure: Wilson intervals, unbiased pass@k, and the paired
+exact McNemar test for two models scored on the same problems."""
+
+from __future__ import annotations
+
+import math
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval; sensible at 0% and 100% where the normal interval is not."""
+    if n == 0:
+        return 0.0, 0.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al., 2021): the chance that at
+    least one of k samples drawn without replacement from the n is correct."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def mcnemar_exact_p(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts b and c."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired(a: list[dict], b: list[dict]) -> dict:
+    """Per-problem comparison of two sample lists of the same problems (b relative to a)."""
+    if [s["question"] for s in a] != [s["question"] for s in b]:
+        raise ValueError("paired comparison needs the same problems in the same order")
+    only_a = sum(x["correct"] and not y["correct"] for x, y in zip(a, b))
+    only_b = sum(y["correct"] and not x["correct"] for x, y in zip(a, b))
+    n = len(a)
+    diff = (sum(y["correct"] for y in b) - sum(x["correct"] for x in a)) / n if n else 0.0
+    return {"accuracy_diff": diff, "only_first_correct": only_a, "only_second_correct": only_b,
+            "mcnemar_p": mcnemar_exact_p(only_a, only_b)}

@@ -1,0 +1,204 @@
+"""Elastic weight consolidation: a diagonal Fisher estimated from the policy's own samples, its
+online accumulation across stages, and the quadratic penalty added to the GRPO loss.
+
+F_i = E_{x ~ prompts, y ~ pi(.|x)} [ (d/d theta_i log pi(y|x))^2 ], estimated one sequence at a time
+(the gradient of each sequence's completion log-likelihood is squared before averaging; squaring a
+batch gradient would give a different, smaller quantity).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from grpo_exp.base.errors import ConfigError
+
+FISHER_FILE = "fisher.safetensors"
+EMBEDDING_MARKERS = ("embed_tokens", "lm_head", "wte", "embed_out")
+
+
+def is_embedding(name: str) -> bool:
+    return any(marker in name for marker in EMBEDDING_MARKERS)
+
+
+def fisher_parameters(model: torch.nn.Module, include_embeddings: bool) -> dict[str, torch.nn.Parameter]:
+    """Trainable parameters covered by the Fisher; tied weights appear once (named_parameters dedups)."""
+    return {name: p for name, p in model.named_parameters()
+            if p.requires_grad and (include_embeddings or not is_embedding(name))}
+
+
+def sequence_logprob(model, input_ids: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Sum of log pi(y_t | x, y_<t) over the completion tokens of one unpadded sequence."""
+    logits = model(input_ids=input_ids).logits[:, prompt_len - 1:-1].float()
+    targets = input_ids[:, prompt_len:]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).sum()
+
+
+def fisher_from_sequences(model, sequences: list[tuple[torch.Tensor, int]], include_embeddings: bool = False,
+                          progress: bool = True) -> dict[str, torch.Tensor]:
+    """Average of squared per-sequence gradients of the completion log-likelihood.
+
+    `sequences` holds (1 x T token ids, prompt length) pairs with no padding.
+    """
+    params = fisher_parameters(model, include_embeddings)
+    fisher = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
+    was_training = model.training
+    model.eval()  # dropout off: the Fisher is of the policy as it samples
+    used = 0
+    for ids, prompt_len in tqdm(sequences, desc="fisher", disable=not progress, leave=False):
+        if ids.shape[1] <= prompt_len:
+            continue  # an empty completion has no log-likelihood to differentiate
+        model.zero_grad(set_to_none=True)
+        sequence_logprob(model, ids, prompt_len).backward()
+        for name, p in params.items():
+            if p.grad is not None:
+                fisher[name] += p.grad.detach().float() ** 2
+        used += 1
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    if used == 0:
+        raise ValueError("no sampled completion had any tokens; cannot estimate a Fisher")
+    return {name: f / used for name, f in fisher.items()}
+
+
+@torch.no_grad()
+def sample_sequences(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, temperature: float,
+                     batch_size: int, seed: int) -> list[tuple[torch.Tensor, int]]:
+    """One sampled completion per prompt, returned unpadded as (ids, prompt length)."""
+    tokenizer.padding_side = "left"
+    was_training = model.training
+    model.eval()
+    out_seqs = []
+    for start in tqdm(range(0, len(prompts), batch_size), desc="fisher samples", leave=False):
+        batch = prompts[start:start + batch_size]
+        enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True, padding=True)
+        torch.manual_seed(seed + start)
+        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
+                             top_p=1.0, top_k=0, pad_token_id=tokenizer.pad_token_id)
+        width = enc["input_ids"].shape[1]
+        for row, mask in zip(gen, enc["attention_mask"]):
+            prompt = row[:width][mask.bool()]
+            completion = row[width:].tolist()
+            eos = next((i + 1 for i, t in enumerate(completion) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)),
+                       len(completion))
+            ids = torch.cat([prompt, torch.tensor(completion[:eos], dtype=row.dtype)]).unsqueeze(0)
+            out_seqs.append((ids, len(prompt)))
+    model.train(was_training)
+    return out_seqs
+
+
+@dataclass
+class EwcState:
+    """Accumulated Fisher and the anchor parameters theta* it protects."""
+
+    fisher: dict[str, torch.Tensor]
+    anchor: dict[str, torch.Tensor]
+    stages: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def consolidate(self, new_fisher: dict[str, torch.Tensor], new_anchor: dict[str, torch.Tensor], gamma: float,
+                    stage: str) -> "EwcState":
+        """Online EWC: F <- gamma * F_old + F_new; the anchor moves to the newest stage's parameters."""
+        fisher = {name: gamma * self.fisher[name] + f if name in self.fisher else f.clone()
+                  for name, f in new_fisher.items()}
+        return EwcState(fisher, {k: v.clone() for k, v in new_anchor.items()}, [*self.stages, stage],
+                        {**self.meta, "gamma": gamma})
+
+    def check_finite(self) -> None:
+        bad = [f"{kind}.{name}" for kind, tensors in (("fisher", self.fisher), ("anchor", self.anchor))
+               for name, t in tensors.items() if not torch.isfinite(t).all()]
+        if bad:
+            raise ValueError(f"EWC state has non-finite values in {len(bad)} tensors: {', '.join(bad[:5])}"
+                             + (" ..." if len(bad) > 5 else "") + "; refusing to save it")
+
+    def save(self, directory: str | Path) -> Path:
+        """fisher.safetensors beside the stage's model/: `fisher.<name>` and `anchor.<name>` tensors."""
+        self.check_finite()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {f"fisher.{k}": v.contiguous() for k, v in self.fisher.items()}
+        tensors.update({f"anchor.{k}": v.contiguous() for k, v in self.anchor.items()})
+        path = directory / FISHER_FILE
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata={"stages": json.dumps(self.stages), "meta": json.dumps(self.meta)})
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "EwcState":
+        path = Path(directory) / FISHER_FILE
+        if not path.is_file():
+            raise ConfigError(f"no EWC state ({FISHER_FILE}) in {directory}; run that stage with ewc.lambda>0, "
+                              f"or continue with ewc.lambda=0")
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as fh:
+            metadata = fh.metadata() or {}
+        tensors = load_file(str(path))
+        fisher = {k[len("fisher."):]: v for k, v in tensors.items() if k.startswith("fisher.")}
+        anchor = {k[len("anchor."):]: v for k, v in tensors.items() if k.startswith("anchor.")}
+        return cls(fisher, anchor, json.loads(metadata.get("stages", "[]")), json.loads(metadata.get("meta", "{}")))
+
+    def stats(self) -> dict:
+        values = torch.cat([f.flatten() for f in self.fisher.values()])
+        return {"fisher_params": int(values.numel()), "fisher_mean": float(values.mean()),
+                "fisher_max": float(values.max()), "fisher_std": float(values.std()), "stages": self.stages}
+
+
+class EwcPenalty:
+    """lambda/2 * sum_i F_i (theta_i - theta*_i)^2 over the parameters the Fisher covers."""
+
+    name = "ewc_penalty"
+
+    def __init__(self, state: EwcState, strength: float):
+        self.state = state
+        self.strength = float(strength)
+        self._pairs: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]] | None = None
+
+    def _bind(self, model: torch.nn.Module):
+        params = dict(model.named_parameters())
+        missing = [name for name in self.state.fisher if name not in params]
+        if missing:
+            raise ValueError(f"EWC state names parameters the model lacks: {', '.join(missing[:3])}")
+        self._pairs = [(params[name], self.state.fisher[name].to(params[name].device),
+                        self.state.anchor[name].to(params[name].device)) for name in self.state.fisher]
+
+    def __call__(self, model: torch.nn.Module) -> torch.Tensor:
+        if self._pairs is None:
+            self._bind(model)
+        total = torch.zeros((), dtype=torch.float32, device=self._pairs[0][0].device)
+        for param, fisher, anchor in self._pairs:
+            total = total + (fisher * (param.float() - anchor) ** 2).sum()
+        return 0.5 * self.strength * total
+
+    def weighted_distance(self, model: torch.nn.Module) -> float:
+        """sum_i F_i (theta_i - theta*_i)^2, the quantity EWC keeps small."""
+        with torch.no_grad():
+            return float(self(model)) * 2 / self.strength if self.strength else float(
+                EwcPenalty(self.state, 1.0)(model)) * 2
+
+
+def current_parameters(model: torch.nn.Module, names) -> dict[str, torch.Tensor]:
+    params = dict(model.named_parameters())
+    return {name: params[name].detach().float().clone() for name in names}
+
+
+def estimate(model, tokenizer, prompts: list[list[dict]], *, samples: int, max_new_tokens: int, temperature: float,
+             batch_size: int, seed: int, include_embeddings: bool) -> dict[str, torch.Tensor]:
+    """Sample `samples` completions from the current policy and return the diagonal Fisher."""
+    chosen = prompts[:samples] if len(prompts) >= samples else [prompts[i % len(prompts)] for i in range(samples)]
+    sequences = sample_sequences(model, tokenizer, chosen, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 batch_size=batch_size, seed=seed)
+    fisher = fisher_from_sequences(model, sequences, include_embeddings)
+    bad = [name for name, f in fisher.items() if not torch.isfinite(f).all()]
+    if bad:
+        raise ValueError(f"Fisher estimate is non-finite in {', '.join(bad[:5])}; not saved")
+    return fisher
+
+

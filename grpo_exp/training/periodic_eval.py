@@ -1,0 +1,42 @@
+"""Held-out accuracy during training (`eval.every_steps`): the learning curve users should watch.
+
+Training reward is measured on sampled completions at the training temperature, on prompts the
+policy trains on; greedy accuracy on held-out problems is what a user wants to see move. Every N
+optimizer steps (and after the last) the callback scores a small fixed subset of the stage's
+held-out split and hands `eval/<set>/accuracy` (and format, length) to the trainer's next log row,
+so it lands in history.jsonl and wandb on the same `train/global_step` axis as everything else.
+"""
+
+from __future__ import annotations
+
+import time
+
+from transformers import TrainerCallback
+
+from grpo_exp.evaluation.generate import evaluate
+
+
+class HeldOutEvalCallback(TrainerCallback):
+    def __init__(self, pending_logs: dict, set_name: str, examples: list[dict], every_steps: int, *,
+                 system_prompt: str, max_new_tokens: int, batch_size: int):
+        self.pending_logs = pending_logs  # the trainer merges and clears it in its next log() call
+        self.set_name, self.examples, self.every_steps = set_name, examples, every_steps
+        self.system_prompt, self.max_new_tokens, self.batch_size = system_prompt, max_new_tokens, batch_size
+
+    def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        step = state.global_step
+        if step % self.every_steps and step != state.max_steps:
+            return control
+        started = time.perf_counter()
+        metrics, _ = evaluate(model, processing_class, self.examples, system_prompt=self.system_prompt,
+                              max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                              desc=f"held-out eval {self.set_name}")
+        prefix = f"eval/{self.set_name}"
+        self.pending_logs.update({
+            f"{prefix}/accuracy": metrics["accuracy"],
+            f"{prefix}/format": metrics["format_compliance"],
+            f"{prefix}/mean_tokens": metrics["mean_completion_tokens"],
+            f"{prefix}/n": metrics["n"],
+            f"{prefix}/seconds": time.perf_counter() - started,
+        })
+        return control

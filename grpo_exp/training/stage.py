@@ -1,0 +1,288 @@
+"""One GRPO stage: `prepare(cfg)` assembles its parts (rewards, problems, model, EWC state) in the one
+place that training, the curriculum and the benchmark all use, and `train(cfg)` takes a composed config
+to a model directory and its figures.
+
+Plain and testable: the entrypoint (apps/train) only calls `train` (or the curriculum, which calls it
+once per stage).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from grpo_exp.base import cpu, log
+from grpo_exp.base.cpu import resolve_precision
+from grpo_exp.base.errors import ConfigError, TrainingHalted
+from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_json
+from grpo_exp.base.monitor import MonitorCallback, reset_peak_rss
+from grpo_exp.config.checks import validate
+from grpo_exp.config.schema import generation_batch
+from grpo_exp.core import data, models, rewards
+from grpo_exp.training import checkpoints, ewc
+from grpo_exp.training.trainer import GracefulStop, NonFiniteError, build_trainer, completions_per_step
+
+logger = log.get_logger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def stage_examples(cfg, split: str, stage_cfg=None) -> list[dict]:
+    stage = stage_cfg if stage_cfg is not None else cfg.stage
+    return data.build_examples(
+        stage.dataset, split, num_train=stage.num_train, num_test=stage.num_test, seed=cfg.train.seed,
+        path=stage.path, hub_id=stage.hub_id, hub_config=stage.hub_config, test_fraction=stage.test_fraction,
+    )
+
+
+def check(cfg) -> None:
+    """Everything a training run can check without loading a model (the entrypoint's pre-check)."""
+    validate(cfg)
+    models.check_available(cfg.model, cfg.paths.cache_dir)
+    init = resolve_init(cfg.init_from)
+    if init and cfg.ewc["lambda"] > 0 and not (init[1] / ewc.FISHER_FILE).is_file():
+        raise ConfigError(f"init_from={cfg.init_from} has no EWC state ({ewc.FISHER_FILE} in {init[1]}); "
+                          f"train that stage with ewc.lambda>0, or continue with ewc.lambda=0")
+
+
+@dataclass
+class StageParts:
+    """What a GRPO stage is made of, before a trainer is built around it."""
+
+    model: Any
+    tokenizer: Any
+    train_examples: list[dict]
+    train_dataset: Any
+    reward_funcs: list[Callable]
+    reward_weights: list[float]
+    init: tuple[Path, Path] | None  # (model dir, EWC state dir) of init_from
+    ewc_state: Any  # the EWC state carried in from init_from (ewc.lambda > 0), else None
+    penalty: Any  # the EWC loss term built on it, else None
+
+
+def prepare(cfg) -> StageParts:
+    """Seeded rewards, training problems and model (from init_from when set) with the EWC state it
+    carries; the EWC state is loaded before the model so a missing Fisher fails before anything heavy."""
+    init = resolve_init(cfg.init_from)
+    lam = cfg.ewc["lambda"]
+    ewc_state = ewc.EwcState.load(init[1]) if init and lam > 0 else None
+    seed_everything(cfg.train.seed)
+    reward_funcs, reward_weights = rewards.build(list(cfg.reward.funcs), _weights(cfg))
+    train_examples = stage_examples(cfg, "train")
+    train_dataset = data.to_dataset(train_examples, cfg.reward.system_prompt)
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed,
+                                   init_from=init[0] if init else None)
+    penalty = ewc.EwcPenalty(ewc_state, lam) if ewc_state is not None else None
+    return StageParts(model, tokenizer, train_examples, train_dataset, reward_funcs, reward_weights, init,
+                      ewc_state, penalty)
+
+
+def train(cfg, step_offset: int = 0) -> dict:
+    """Load, train, save (and estimate the Fisher when EWC is on). Returns metrics.json's content.
+
+    The config is checked by the entrypoint (or the curriculum) that composed it. With `resume` set,
+    a finished stage returns its metrics untouched and an unfinished one continues from its last
+    complete checkpoint.
+    """
+    models.check_available(cfg.model, cfg.paths.cache_dir)
+    run_dir = Path(cfg.paths.output_dir)
+    ensure_writable(run_dir)
+    if cfg.resume:
+        finished = finished_metrics(run_dir)
+        if finished is not None:
+            logger.info("%s already finished stage %s; not retrained", run_dir, finished.get("stage"))
+            return finished
+    resume_from = _prepare_resume(run_dir) if cfg.resume else None
+    started = time.time()
+    reset_peak_rss()  # this stage's peak, not the process's (sweep jobs share one process)
+
+    threads = cpu.apply(cfg.cpu)
+    parts = prepare(cfg)
+    monitor = MonitorCallback(run_dir / "history.jsonl", completions_per_step(cfg.train),
+                              step_offset=step_offset, stage=cfg.stage.name,
+                              completions_per_generation=generation_batch(cfg.train)[0])
+    if resume_from is not None:
+        monitor.continue_from(read_jsonl(run_dir / "history.jsonl"))
+    tracker = _start_tracking(cfg, run_dir, step_offset)
+    init = parts.init
+    run_state = {"stage": cfg.stage.name, "step_offset": step_offset, "init_from": str(init[0]) if init else None,
+                 "ewc_state": str(init[1] / ewc.FISHER_FILE) if parts.ewc_state is not None else None,
+                 "ewc_lambda": cfg.ewc["lambda"]}
+    try:
+        stage = StageRun(cfg, run_dir, parts, monitor, started)
+        trainer = stage.build(tracker, run_state)
+        metrics = stage.train_and_save(trainer, resume_from, threads)
+    except BaseException:
+        _finish_tracking(tracker, None, failed=True)
+        raise
+    _finish_tracking(tracker, metrics, failed=False)
+    return metrics
+
+
+def ensure_writable(run_dir: Path) -> None:
+    """Fail with one line now rather than after an hour of training."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"cannot write to the output directory {run_dir}: {err.strerror or err}; "
+                          f"choose another with hydra.run.dir=<dir>") from None
+
+
+def finished_metrics(run_dir: Path) -> dict | None:
+    """metrics.json of a completed stage whose model/ is in place, else None."""
+    path = run_dir / "metrics.json"
+    if not path.is_file() or not (run_dir / "model" / "config.json").is_file():
+        return None
+    metrics = json.loads(path.read_text())
+    return metrics if metrics.get("status") == "completed" else None
+
+
+def _prepare_resume(run_dir: Path) -> Path | None:
+    """The last complete checkpoint, with run files cut back to it; None: nothing to resume, start fresh."""
+    ckpt_dir = run_dir / "checkpoints"
+    for leftover in checkpoints.remove_staging(ckpt_dir):
+        logger.info("removed an incomplete checkpoint left by a crash: %s", leftover.name)
+    last = checkpoints.last_checkpoint(ckpt_dir)
+    if last is None:
+        logger.info("no complete checkpoint in %s; starting this stage from the beginning", ckpt_dir)
+        for name in ("history.jsonl", "completions.jsonl"):
+            checkpoints.truncate_jsonl(run_dir / name, 0)
+        return None
+    step = checkpoints.checkpoint_step(last)
+    for name in ("history.jsonl", "completions.jsonl"):
+        checkpoints.truncate_jsonl(run_dir / name, step)
+    logger.info("resuming from %s (step %s)", last, step)
+    return last
+
+
+class StageRun:
+    """The pieces of one stage that building, training and saving share."""
+
+    def __init__(self, cfg, run_dir: Path, parts: StageParts, monitor, started: float):
+        self.cfg, self.run_dir, self.parts, self.monitor, self.started = cfg, run_dir, parts, monitor, started
+        self.stopper = GracefulStop()
+
+    def build(self, tracker, run_state):
+        report_to = ["wandb"] if tracker is not None else []
+        trainer = build_trainer(self.cfg, self.parts, output_dir=self.run_dir, callbacks=[self.monitor, self.stopper],
+                                report_to=report_to, run_state=run_state)
+        if self.cfg.eval.every_steps:
+            trainer.add_callback(self.held_out_eval(trainer.pending_logs))
+        if tracker is not None:
+            tracker.attach(trainer, self.monitor)  # cumulative step axis + the monitor's resource figures
+        return trainer
+
+    def held_out_eval(self, pending_logs: dict):
+        """The `eval.every_steps` callback: the first eval.every_limit problems of this stage's held-out split."""
+        from grpo_exp.evaluation.run import held_out_split
+        from grpo_exp.training.periodic_eval import HeldOutEvalCallback
+
+        cfg = self.cfg
+        limit = min(cfg.eval.every_limit, cfg.stage.num_test) if cfg.stage.dataset != "gsm8k" else cfg.eval.every_limit
+        examples = held_out_split(cfg.stage, limit, cfg.train.seed)[:limit]
+        return HeldOutEvalCallback(pending_logs, cfg.stage.name, examples, cfg.eval.every_steps,
+                                   system_prompt=cfg.reward.system_prompt,
+                                   max_new_tokens=cfg.train.max_completion_length, batch_size=cfg.eval.batch_size)
+
+    def train_and_save(self, trainer, resume_from: Path | None, threads) -> dict:
+        cfg, run_dir, parts = self.cfg, self.run_dir, self.parts
+        init = parts.init
+        self.stopper.install()
+        try:
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        except NonFiniteError as err:
+            raise TrainingHalted(str(err)) from None
+        finally:
+            self.stopper.uninstall()
+            self.monitor.sampler.stop()
+
+        save_model_dir(trainer.model, parts.tokenizer, run_dir / "model")
+        metrics = {
+            "status": "interrupted" if self.stopper.signal_received else "completed",
+            "model": cfg.model.name,
+            "stage": cfg.stage.name,
+            "reward_set": cfg.reward.name,
+            "init_from": str(init[0]) if init else None,
+            "resumed_from": str(resume_from) if resume_from else None,
+            **self.monitor.summary([f.__name__ for f in parts.reward_funcs]),
+            "wall_time_s": None,
+            **{f"cpu_{k}": v for k, v in threads.items()},
+            "precision": resolve_precision(cfg.train.precision),
+            "torch_version": torch.__version__,
+            "ewc_lambda": cfg.ewc["lambda"],
+            "skipped_batches": trainer.skipped_batches,
+        }
+        if parts.penalty is not None:
+            metrics["ewc_weighted_distance"] = parts.penalty.weighted_distance(trainer.model)
+        if self.stopper.signal_received:
+            metrics["wall_time_s"] = time.time() - self.started
+            write_json(run_dir / "metrics.json", metrics)
+            logger.warning("stopped by signal after step %s; checkpoint and model saved in %s; continue with "
+                           "resume=true hydra.run.dir=%s", trainer.state.global_step, run_dir, run_dir)
+            raise SystemExit(128 + self.stopper.signal_received)
+
+        if cfg.ewc["lambda"] > 0:
+            metrics.update(consolidate_fisher(cfg, trainer.model, parts.tokenizer, parts.train_examples,
+                                              parts.ewc_state, run_dir))
+        if cfg.eval.after_train:
+            from grpo_exp.evaluation.run import evaluate_after_train
+
+            metrics["eval"] = evaluate_after_train(cfg, trainer.model, parts.tokenizer, run_dir,
+                                                   init[0] if init else None)
+        metrics["wall_time_s"] = time.time() - self.started
+        # Written last: its "completed" status is what marks the stage as done for resume.
+        write_json(run_dir / "metrics.json", metrics)
+        return metrics
+
+
+def _start_tracking(cfg, run_dir: Path, step_offset: int):
+    if cfg.logger.name == "none":
+        return None
+    from grpo_exp.training import tracking
+
+    return tracking.start(cfg, run_dir, step_offset=step_offset)
+
+
+def _finish_tracking(tracker, metrics: dict | None, failed: bool) -> None:
+    if tracker is None:
+        return
+    from grpo_exp.training import tracking
+
+    tracking.finish(tracker, metrics, failed=failed)
+
+
+def consolidate_fisher(cfg, model, tokenizer, examples: list[dict], old_state, run_dir: Path) -> dict:
+    """Estimate this stage's Fisher on its training prompts, fold it into the running EWC state, save it."""
+    t0 = time.time()
+    prompts = [data.to_messages(ex["question"], cfg.reward.system_prompt) for ex in examples]
+    random.Random(cfg.train.seed).shuffle(prompts)
+    fisher = ewc.estimate(
+        model, tokenizer, prompts, samples=cfg.ewc["fisher_samples"],
+        max_new_tokens=cfg.ewc["fisher_max_new_tokens"] or cfg.train.max_completion_length,
+        temperature=cfg.train.temperature, batch_size=cfg.ewc["fisher_batch_size"], seed=cfg.train.seed,
+        include_embeddings=cfg.ewc["include_embeddings"],
+    )
+    anchor = ewc.current_parameters(model, fisher.keys())
+    base = old_state if old_state is not None else ewc.EwcState({}, {}, [], {})
+    state = base.consolidate(fisher, anchor, cfg.ewc["gamma"], cfg.stage.name)
+    state.save(run_dir)
+    return {"fisher_time_s": time.time() - t0, **{k: v for k, v in state.stats().items() if k != "stages"},
+            "ewc_stages": state.stages}
+
+
+def _weights(cfg):
+    return None if cfg.reward.weights is None else list(cfg.reward.weights)

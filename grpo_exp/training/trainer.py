@@ -1,0 +1,275 @@
+"""The GRPO trainer: TRL's GRPOTrainer, built from the Hydra config in one place.
+
+The subclass adds what TRL does not do on its own: an optional extra loss term (EWC) scaled for
+gradient accumulation the way TRL scales its own auxiliary losses, and a `completions.jsonl`
+sample of prompts, completions and rewards in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import TrainerCallback
+from transformers.trainer_utils import rotate_checkpoints
+from trl import GRPOConfig, GRPOTrainer
+
+from grpo_exp.base import log
+from grpo_exp.base.cpu import resolve_precision
+from grpo_exp.base.errors import DiskFullError
+from grpo_exp.base.io import disk_full_reason
+from grpo_exp.training import checkpoints, shared_prefix
+
+logger = log.get_logger(__name__)
+
+# TrainConfig fields that are not GRPOConfig fields of the same name.
+_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix"}
+
+
+class LossTerm(Protocol):
+    """An extra differentiable term added to the GRPO loss (EWC implements it)."""
+
+    name: str
+
+    def __call__(self, model: torch.nn.Module) -> torch.Tensor: ...
+
+
+def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], report_to: list[str]) -> GRPOConfig:
+    """Map `cfg.train` onto GRPOConfig; names are shared, so this is mostly a copy."""
+    values = OmegaConf.to_container(train_cfg, resolve=True) if isinstance(train_cfg, DictConfig) else dict(train_cfg)
+    extra = values.pop("extra", None) or {}
+    precision = resolve_precision(values.pop("precision"))
+    kwargs = {k: v for k, v in values.items() if k not in _NOT_GRPO_FIELDS}
+    # transformers 5 renamed gradient_checkpointing; passing the new name avoids a deprecation warning,
+    # and TRL's own default (True) would otherwise slow a small CPU model by ~20%.
+    kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
+    kwargs.update(extra)
+    # transformers only allows bf16 autocast on the CPU when told the run is CPU-only.
+    kwargs.setdefault("use_cpu", not torch.cuda.is_available())
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        # GRPOConfig defaults to bf16=True; say fp32 explicitly when asked for it.
+        bf16=precision == "bf16",
+        fp16=False,
+        data_seed=kwargs.get("seed"),
+        reward_weights=list(reward_weights),
+        report_to=report_to,
+        save_strategy="steps",
+        logging_strategy="steps",
+        disable_tqdm=False,
+        log_completions=False,
+        dataloader_num_workers=0,
+        **kwargs,
+    )
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or reward was NaN/inf; training stops before the bad update and keeps the last checkpoint."""
+
+
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+class GrpoExpTrainer(GRPOTrainer):
+    def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
+                 completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
+                 share_prefixes: bool = False, **kwargs):
+        self.on_nonfinite = on_nonfinite
+        self._skip_batch = False
+        self.skipped_batches = 0
+        kwargs["reward_funcs"] = [self._guard_reward(f) for f in kwargs["reward_funcs"]]
+        super().__init__(*args, **kwargs)
+        self.extra_loss = extra_loss
+        self.completions_path = Path(completions_path) if completions_path else None
+        self.completions_every = completions_every
+        self.run_state = run_state or {}
+        self._last_sampled_step = -1
+        # figures measured outside the step (held-out accuracy): merged into the next log row
+        self.pending_logs: dict = {}
+        self.share_prefixes = share_prefixes
+        if share_prefixes:
+            why_not = shared_prefix.unsupported_reason(self.model) or (
+                "train.extra.cast_lm_head_to_fp32" if self.args.cast_lm_head_to_fp32 else None)
+            if why_not:
+                logger.info("train.shared_prefix: off for %s; TRL's own forward scores the batch", why_not)
+                self.share_prefixes = False
+
+    def _guard_reward(self, func: Callable) -> Callable:
+        """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
+
+        def guarded(*args, **kwargs):
+            values = func(*args, **kwargs)
+            bad = [v for v in values if v is not None and not math.isfinite(v)]
+            if bad:
+                where = f"reward function '{func.__name__}' returned {bad[0]} at step {self.state.global_step + 1}"
+                if self.on_nonfinite == "stop":
+                    raise NonFiniteError(f"{where}; stopped, last good checkpoint kept "
+                                         f"(on_nonfinite=skip drops such batches instead)")
+                self._skip_batch = True
+                values = [0.0 if v is not None and not math.isfinite(v) else v for v in values]
+            return values
+
+        guarded.__name__ = func.__name__
+        return guarded
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **model_kwargs):
+        """TRL's scoring forward, with each distinct prompt run once per chunk (train.shared_prefix)."""
+        # Gradient checkpointing drops the KV cache the completions need; TRL itself turns it off under no_grad.
+        checkpointing = model.training and torch.is_grad_enabled() and shared_prefix.checkpointing(model)
+        if (not self.share_prefixes or checkpointing or compute_aux_loss
+                or any(v is not None for v in model_kwargs.values())):
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, compute_entropy, compute_aux_loss,
+                                                              **model_kwargs)
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
+            with self.accelerator.autocast():
+                scored = shared_prefix.completion_logps(model, ids, mask, logits_to_keep, self.temperature,
+                                                        compute_entropy)
+            if scored is None:  # no prompt repeats in this chunk
+                scored = super()._get_per_token_logps_and_entropies(model, ids, mask, logits_to_keep,
+                                                                    compute_entropy=compute_entropy)[:2]
+            logps.append(scored[0])
+            entropies.append(scored[1])
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.extra_loss is not None and model.training:
+            loss = loss + self.extra_loss_term(model)
+        if model.training and (self._skip_batch or not torch.isfinite(loss)):
+            if self.on_nonfinite == "stop":
+                raise NonFiniteError(f"non-finite loss ({float(loss)}) at step {self.state.global_step + 1}; "
+                                     f"stopped, last good checkpoint kept")
+            self.skipped_batches += 1
+            # A zero that still belongs to the graph: backward runs and leaves every gradient at zero.
+            return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
+        return loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self._skip_batch = False
+
+    def _save_checkpoint(self, model, trial):
+        """HF's checkpoint, written into a staging directory and renamed into place when complete."""
+        run_dir = Path(self._get_output_dir(trial=trial))
+        final = run_dir / f"checkpoint-{self.state.global_step}"
+        staging = checkpoints.staging_dir(final)
+        staging.mkdir(parents=True, exist_ok=True)
+        original = self.args.output_dir
+        self.args.output_dir = str(staging)  # HF writes <output_dir>/checkpoint-N; point it at the staging area
+        try:
+            super()._save_checkpoint(model, trial)
+            written = staging / final.name
+            checkpoints.write_state(written, {**self.run_state, "global_step": self.state.global_step})
+            checkpoints.publish(written, final)
+        except Exception as err:
+            full = disk_full_reason(err, final)  # before the cleanup below frees the partial write's space
+            if full:
+                raise DiskFullError(f"{full}; the last complete checkpoint is kept") from err
+            raise
+        finally:
+            self.args.output_dir = original
+            shutil.rmtree(staging, ignore_errors=True)
+        rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                           best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
+
+    def extra_loss_term(self, model) -> torch.Tensor:
+        """The extra term for one micro-batch: logged at full value, added at 1/accumulation steps."""
+        term = self.extra_loss(model)
+        self._metrics["train"][self.extra_loss.name].append(float(term.detach()))
+        # TRL scales the policy loss for gradient accumulation itself (HF auto-scaling is off), so scale ours too:
+        # the accumulated gradient then equals one full-batch gradient of the term.
+        return term / self.current_gradient_accumulation_steps
+
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        step = self.state.global_step
+        if (self.completions_path is not None and self.model.training and step != self._last_sampled_step
+                and (step == 1 or step % self.completions_every == 0) and self._logs["prompt"]):
+            self._last_sampled_step = step
+            self._write_completions(step)
+        if self.pending_logs and "train_runtime" not in logs:
+            logs = {**logs, **self.pending_logs}
+            self.pending_logs.clear()
+        super().log(logs, start_time)
+
+    def _write_completions(self, step: int) -> None:
+        rewards = {name: list(vals) for name, vals in self._logs["rewards"].items()}
+        with self.completions_path.open("a") as fh:
+            for i, (prompt, completion) in enumerate(zip(self._logs["prompt"], self._logs["completion"])):
+                row = {
+                    "step": step,
+                    "prompt": prompt[-1]["content"] if isinstance(prompt, list) else prompt,
+                    "completion": completion[-1]["content"] if isinstance(completion, list) else completion,
+                    "rewards": {name: vals[i] for name, vals in rewards.items() if i < len(vals)},
+                    "advantage": self._logs["advantages"][i] if i < len(self._logs["advantages"]) else None,
+                }
+                fh.write(json.dumps(row) + "\n")
+
+
+class GracefulStop(TrainerCallback):
+    """First Ctrl-C/SIGTERM: finish the current step, save a checkpoint and stop. Second: abort now."""
+
+    def __init__(self):
+        self.signal_received: int | None = None
+        self._previous = {}
+
+    def install(self) -> "GracefulStop":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame):
+        if self.signal_received is not None:
+            raise KeyboardInterrupt
+        self.signal_received = signum
+        logger.warning("%s received: saving a checkpoint after this step (press Ctrl-C again to abort at once)",
+                       signal.Signals(signum).name)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.signal_received is not None:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCallback],
+                  report_to: list[str] | None = None, run_state: dict | None = None) -> GrpoExpTrainer:
+    """The one place a trainer is made: a stage's parts (training.stage.prepare) and cfg.train."""
+    args = grpo_config(cfg.train, Path(output_dir) / "checkpoints", parts.reward_weights, report_to or [])
+    return GrpoExpTrainer(
+        model=parts.model,
+        reward_funcs=parts.reward_funcs,
+        args=args,
+        train_dataset=parts.train_dataset,
+        processing_class=parts.tokenizer,
+        callbacks=callbacks,
+        extra_loss=parts.penalty,
+        completions_path=Path(output_dir) / "completions.jsonl",
+        completions_every=cfg.completions_every,
+        on_nonfinite=cfg.on_nonfinite,
+        run_state=run_state,
+        share_prefixes=cfg.train.shared_prefix,
+    )
+
+
+def completions_per_step(train_cfg) -> int:
+    """Completions consumed by one optimizer step (TRL counts batch sizes in completions)."""
+    return train_cfg.per_device_train_batch_size * train_cfg.gradient_accumulation_steps
+

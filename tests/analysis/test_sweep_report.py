@@ -1,0 +1,135 @@
+"""A real Hydra multirun on the tiny model (one subprocess, 4 jobs: threads 1,2 x num_generations 2,3,
+where 3 does not divide the batch of 4 and fails inside its job), then grpo-report on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from grpo_exp.training.tracking import offline_history, offline_records
+from tests.conftest import ROOT, run_module
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sweep")
+    sweep_dir = tmp / "threads_gens"
+    env = {"WANDB_MODE": "offline", "WANDB_DATA_DIR": str(tmp / "wb_data"), "WANDB_CACHE_DIR": str(tmp / "wb_cache"),
+           "WANDB_CONFIG_DIR": str(tmp / "wb_config")}
+    proc = run_module("grpo_exp.train", "-m", "debug=smoke", "cpu.threads=1,2", "train.num_generations=2,3",
+                      "train.max_steps=1", "logger=wandb", f"hydra.sweep.dir={sweep_dir}", timeout=400, env=env)
+    return proc, sweep_dir
+
+
+@pytest.fixture(scope="module")
+def report(sweep):
+    _, sweep_dir = sweep
+    out = sweep_dir / "report"
+    proc = subprocess.run([sys.executable, "-m", "grpo_exp.apps.report", str(sweep_dir), "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    return proc, out
+
+
+def test_failing_job_does_not_stop_the_sweep(sweep):
+    proc, sweep_dir = sweep
+    assert proc.returncode != 0, "a failed job must make the sweep exit non-zero"
+    statuses = [json.loads((sweep_dir / str(i) / "status.json").read_text()) for i in range(4)]
+    assert [s["status"] for s in statuses] == ["completed", "failed", "completed", "failed"], proc.stderr[-3000:]
+    for i in (1, 3):
+        assert "num_generations=3" in statuses[i]["error"]
+        assert "ConfigError" in (sweep_dir / str(i) / "error.txt").read_text()
+    for i in (0, 2):
+        assert json.loads((sweep_dir / str(i) / "metrics.json").read_text())["steps"] == 1
+
+
+def test_report_has_a_row_per_job_and_plots(report):
+    proc, out = report
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "completion_tokens_per_s" in proc.stdout  # the printed main table
+    df = pd.read_csv(out / "report.csv")
+    assert len(df) == 4
+    done = df[df["status"] == "completed"].sort_values("override:cpu.threads")
+    assert done["override:cpu.threads"].tolist() == [1, 2]
+    assert done["override:train.num_generations"].tolist() == [2, 2]
+    assert (done["steps"] == 1).all() and (done["completion_tokens_per_s"] > 0).all()
+    assert (done["peak_rss_mb"] > 50).all() and done["reward_mean_last"].notna().all()
+    failed = df[df["status"] == "failed"]
+    assert len(failed) == 2 and failed["error"].str.contains("num_generations=3").all()
+    md = (out / "report.md").read_text()
+    assert "Failed or unfinished jobs" in md and "Best variant per metric" in md
+    for name in ("throughput_memory.png", "reward_curves.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_offline_wandb_runs_hold_training_and_resource_metrics(sweep):
+    _, sweep_dir = sweep
+    for job, threads in ((0, 1), (2, 2)):
+        run_dir = sweep_dir / str(job)
+        run_id = (run_dir / "wandb_run_id.txt").read_text().strip()
+        [run_file] = run_dir.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")
+        rows = offline_history(run_file)
+        step_rows = [r for r in rows if "train/reward" in r]
+        assert step_rows and step_rows[0]["train/global_step"] == 1
+        assert {"resources/rss_mb", "resources/peak_rss_mb", "resources/step_time_s",
+                "resources/cpu_percent/core0"} <= step_rows[0].keys()
+        assert any("completions/_type" in r for r in rows)
+        records = {r.WhichOneof("record_type"): r for r in offline_records(run_file)}
+        assert records["run"].run.run_group == f"sweep-{sweep_dir.name}"
+        assert f"threads:{threads}" in records["run"].run.tags and records["run"].run.job_type == "basic"
+        assert records["exit"].exit.exit_code == 0
+    assert not list((sweep_dir / "1").glob("wandb"))  # the job that failed its checks started no run
+
+
+def _fake_job(path, overrides, config, files):
+    (path / ".hydra").mkdir(parents=True)
+    (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (path / ".hydra" / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    for name, data in files.items():
+        (path / name).write_text(json.dumps(data))
+
+
+def test_report_eval_quantization_curriculum_and_missing_metrics(tmp_path):
+    from grpo_exp.analysis.report import write_report
+
+    sweep = tmp_path / "multirun"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("{}\n")
+    ev = {"sets": {"basic": {"accuracy": 0.5, "tokens_per_s": 10.0, "model_size_mb": 500.0}}}
+    ev8 = {"sets": {"basic": {"accuracy": 0.4, "tokens_per_s": 14.0, "model_size_mb": 200.0}}}
+    _fake_job(sweep / "0", ["quantization=none"], {"quantization": {"method": "none"}}, {"eval.json": ev})
+    _fake_job(sweep / "1", ["quantization=dynamic_int8"], {"quantization": {"method": "dynamic_int8"}},
+              {"eval.json": ev8})
+    curriculum = {"stages": ["basic", "intermediate"], "base": [0.1, 0.0], "matrix": [[0.6], [0.5, 0.3]],
+                  "average_accuracy": 0.4, "bwt": -0.1, "forgetting_max": 0.1}
+    _fake_job(sweep / "2", ["curriculum=progressive"], {}, {"curriculum.json": curriculum})
+    _fake_job(sweep / "3", ["train.max_steps=5"], {}, {})  # started, never wrote anything
+
+    df, out = write_report([sweep])
+    assert out == sweep and len(df) == 4
+    assert df.set_index("job").loc["1", "eval_basic_accuracy"] == 0.4
+    assert df.set_index("job").loc["2", "average_accuracy"] == 0.4
+    assert df.set_index("job").loc["3", "status"] == "failed"
+    for name in ("quantization.png", "curriculum_2.png", "report.md", "report.csv"):
+        assert (sweep / name).stat().st_size > 0
+    assert "no metrics.json" in (sweep / "report.md").read_text()
+
+
+def test_a_job_that_raises_leaves_status_and_traceback(tmp_path):
+    from omegaconf import OmegaConf
+
+    from grpo_exp.apps.task import record_status
+
+    hydra_cfg = OmegaConf.create({"runtime": {"output_dir": str(tmp_path)}, "overrides": {"task": ["stage.path=x"]},
+                                  "job": {"num": 3}})
+    try:
+        raise RuntimeError("dataset file is empty")
+    except RuntimeError as err:
+        record_status(hydra_cfg, "failed", 0.0, err)
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "failed" and status["error"] == "dataset file is empty" and status["job_num"] == 3
+    assert "RuntimeError: dataset file is empty" in (tmp_path / "error.txt").read_text()

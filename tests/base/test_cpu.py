@@ -1,0 +1,59 @@
+"""OpenMP settings reach the environment before torch loads, and say so when they cannot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch  # noqa: F401  (loaded, as in any process that already ran torch code)
+from omegaconf import OmegaConf
+
+from grpo_exp.base import cpu
+from grpo_exp.base.errors import ConfigError
+from tests.conftest import ROOT
+
+
+@pytest.fixture(autouse=True)
+def _restore_env(monkeypatch):
+    """prepare_env writes process-wide variables; later tests' subprocesses must not inherit them."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY"):
+        if var in os.environ:
+            monkeypatch.setenv(var, os.environ[var])
+        else:
+            monkeypatch.delenv(var, raising=False)
+
+
+def _cpu_cfg(policy: str, threads="1"):
+    return OmegaConf.create({"threads": threads, "interop_threads": 1, "omp_wait_policy": policy})
+
+
+def test_settings_are_in_place_when_torch_loads():
+    code = ("import os, sys; from omegaconf import OmegaConf; from grpo_exp.base import cpu\n"
+            "cpu.prepare_env(OmegaConf.create({'threads': 1, 'interop_threads': 1, 'omp_wait_policy': 'passive'}))\n"
+            "assert 'torch' not in sys.modules\n"
+            "import torch\n"
+            "print(os.environ['OMP_WAIT_POLICY'], torch.get_num_threads())")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    # torch picked its thread count from OMP_NUM_THREADS, which it reads only when it loads
+    assert out.stdout.split() == ["PASSIVE", "1"]
+
+
+def test_default_policy_leaves_the_environment_alone(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cpu.prepare_env(_cpu_cfg("default"))
+    assert "OMP_WAIT_POLICY" not in os.environ
+
+
+def test_a_policy_that_comes_too_late_warns_and_changes_nothing(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    with pytest.warns(UserWarning, match="torch is already loaded"):
+        cpu.prepare_env(_cpu_cfg("active"))
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"  # still what OpenMP actually read
+
+
+def test_bad_policy_is_a_config_error():
+    with pytest.raises(ConfigError, match="cpu.omp_wait_policy='spin'.*default, passive, active"):
+        cpu.prepare_env(_cpu_cfg("spin"))

@@ -1,0 +1,91 @@
+"""Every config option composes and validates; bad overrides fail with one line before any model loads."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from grpo_exp.config.checks import validate
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.training.trainer import grpo_config
+from tests.conftest import CONF_DIR, compose_cfg, run_module
+
+GROUPS = ["model", "stage", "reward", "quantization", "cpu", "train", "logger", "paths", "debug"]
+OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_validates(tmp_path, group, option):
+    overrides = [f"{group}={option}"]
+    if (group, option) == ("model", "custom"):
+        overrides.append("model.id=org/some-model")
+    if (group, option) == ("stage", "gsm8k"):
+        overrides.append(f"stage.path={tmp_path}")
+    cfg = compose_cfg(overrides, tmp_path)
+    validate(cfg)
+    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    if group == "stage":
+        assert cfg.stage.name == option
+
+
+def test_stage_overrides_train_but_command_line_wins(tmp_path):
+    assert compose_cfg(["stage=advanced"], tmp_path).train.max_completion_length == 128
+    cfg = compose_cfg(["stage=advanced", "train.max_completion_length=40"], tmp_path)
+    assert cfg.train.max_completion_length == 40
+
+
+def test_train_config_maps_onto_grpo_config(tmp_path):
+    cfg = compose_cfg(["train.learning_rate=3e-5", "train.num_generations=2", "train.precision=fp32",
+                       "+train.extra.top_entropy_quantile=0.5"], tmp_path)
+    validate(cfg)
+    args = grpo_config(cfg.train, tmp_path, [1.0, 0.2], [])
+    assert args.learning_rate == 3e-5 and args.num_generations == 2
+    assert args.bf16 is False and args.activation_checkpointing is False and args.gradient_checkpointing is False
+    assert args.top_entropy_quantile == 0.5
+    assert args.reward_weights == [1.0, 0.2]
+    # the default recipe generates for 2 optimizer steps at once (steps_per_generation=2)
+    assert args.generation_batch_size == cfg.train.per_device_train_batch_size * cfg.train.steps_per_generation == 32
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["train.num_generations=3"], "train.num_generations=3"),
+    (["train.generation_batch_size=12", "train.steps_per_generation=null"], "train.generation_batch_size=12"),
+    (["train.precision=fp16"], "bf16, fp32"),
+    (["cpu.threads=0"], "cpu.threads=0"),
+    (["cpu.omp_wait_policy=spin"], "default, passive, active"),
+    (["reward.funcs=[correctness,bogus]", "reward.weights=[1.0,1.0]"], "bogus"),
+    (["reward.weights=[1.0]"], "weights"),
+    (["stage=gsm8k", "stage.path=/no/such/gsm8k.jsonl"], "/no/such/gsm8k.jsonl"),
+    (["+train.extra.not_a_field=1"], "not_a_field"),
+])
+def test_semantic_errors_are_one_line(tmp_path, overrides, needle):
+    cfg = compose_cfg(overrides, tmp_path)
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    message = str(info.value)
+    assert needle in message and "\n" not in message
+
+
+# Through the real entrypoint: exit code 2, one line on stderr naming the value, no run directory.
+BAD_CLI = [
+    (["model=nope"], "unknown model option 'nope'; valid choices: custom, gemma3_270m"),
+    (["stage=expert"], "valid choices: advanced, basic, gsm8k, intermediate"),
+    (["train.max_steps=abc"], "train.max_steps"),
+    (["train.max_stepz=3"], "unknown config key 'train.max_stepz'; valid keys under train:"),
+    (["train.num_generations=3"], "does not divide the generation batch of 32"),
+    (["stage=gsm8k", "stage.path=/no/such/file.jsonl"], "/no/such/file.jsonl"),
+    (["model=custom", "model.id=no-such-org/no-such-model"], "no-such-org/no-such-model"),
+    (["model=custom", "model.id=/no/such/model_dir"], "/no/such/model_dir"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
+def test_bad_overrides_fail_fast_with_one_line(tmp_path, args, needle):
+    run_dir = tmp_path / "run"
+    proc = run_module("grpo_exp.train", *args, f"hydra.run.dir={run_dir}", timeout=120,
+                      env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and needle in lines[0]
+    assert not run_dir.exists()

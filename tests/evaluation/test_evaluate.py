@@ -1,0 +1,303 @@
+"""Evaluation: exact scoring with a scripted model, Wilson intervals, GSM8K JSONL sets, the
+`python -m grpo_exp.evaluate` entrypoint (eval.json schema, one-line errors), after-train evaluation
+and the comparison report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grpo_exp.core import models
+from grpo_exp.evaluation.compare import run_comparison
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.evaluation.run import check, evaluate_after_train, load_sets, set_settings
+from grpo_exp.evaluation.generate import evaluate, score
+from grpo_exp.evaluation.stats import mcnemar_exact_p, paired, wilson_interval
+from tests.conftest import compose_cfg, run_module
+
+# Made-up word problems in GSM8K's format ("#### n" ends the worked answer).
+GSM8K_ROWS = [
+    {"question": "Pia has 3 red kites and 4 blue kites. How many kites does she have?",
+     "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+    {"question": "A box holds 6 pears. How many pears are in 5 boxes?", "answer": "6 * 5 = 30\n#### 30"},
+    {"question": "Otto had 1,250 coins and spent 250. How many are left?", "answer": "1250 - 250 = 1000\n#### 1,000"},
+]
+
+
+@pytest.fixture
+def gsm8k_dir(tmp_path):
+    d = tmp_path / "gsm8k"
+    d.mkdir()
+    (d / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GSM8K_ROWS))
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = compose_cfg(["model=tiny_random"], tmp_path_factory.mktemp("m"))
+    return models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+
+
+class ScriptedLM(torch.nn.Module):
+    """Answers each prompt with a fixed reply (found by the question in the decoded prompt), then EOS."""
+
+    def __init__(self, tokenizer, replies: dict[str, str]):
+        super().__init__()
+        self.tokenizer, self.replies = tokenizer, replies
+        self.weight = torch.nn.Parameter(torch.zeros(256))  # 1 KiB "model"
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=16, pad_token_id=None, **kwargs):
+        tok = self.tokenizer
+        rows = []
+        for ids in input_ids:
+            prompt = tok.decode(ids, skip_special_tokens=True)
+            reply = next(r for q, r in self.replies.items() if q in prompt)
+            rows.append((tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])[:max_new_tokens])
+        width = max(map(len, rows))
+        new = torch.tensor([r + [pad_token_id] * (width - len(r)) for r in rows])
+        return torch.cat([input_ids, new], dim=1)
+
+
+def test_wilson_interval_matches_hand_computed_values():
+    # 3/4: p=.75, z=1.96: centre (.75 + 3.8416/8)/1.9604 = .62753, half 1.96*sqrt(.046875+.060025)/1.9604 = .32689
+    assert wilson_interval(3, 4) == pytest.approx((0.30064, 0.95442), abs=1e-4)
+    assert wilson_interval(2, 4) == pytest.approx((0.15004, 0.84996), abs=1e-4)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 3.8416 / 10 / (1 + 3.8416 / 10)), abs=1e-6)
+    assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(0, 0) == (0.0, 0.0)
+
+
+def test_scripted_model_scores_exactly(tiny):
+    _, tokenizer = tiny
+    examples = [{"question": "What is 7 + 5?", "answer": "12"}, {"question": "What is 9 - 4?", "answer": "5"},
+                {"question": "What is 3 * 3?", "answer": "9"}, {"question": "What is 8 / 2?", "answer": "4"}]
+    replies = {"7 + 5": "7 + 5 = 12. The answer is 12.",  # correct, formatted
+               "9 - 4": "The answer is 6.",  # wrong, formatted
+               "3 * 3": "3 times 3 is 9",  # correct (last number), not formatted
+               "8 / 2": "I am not sure."}  # no number at all
+    stub = ScriptedLM(tokenizer, replies)
+    metrics, samples = evaluate(stub, tokenizer, examples, system_prompt="Solve it.", max_new_tokens=32, batch_size=3)
+    assert (metrics["n"], metrics["correct"], metrics["accuracy"]) == (4, 2, 0.5)
+    assert (metrics["accuracy_ci95_low"], metrics["accuracy_ci95_high"]) == pytest.approx((0.15004, 0.84996), abs=1e-4)
+    assert metrics["format_compliance"] == 0.5
+    lengths = [len(tokenizer(r, add_special_tokens=False)["input_ids"]) + 1 for r in replies.values()]
+    assert metrics["mean_completion_tokens"] == sum(lengths) / 4
+    assert [s["correct"] for s in samples] == [True, False, True, False]
+    assert [s["completion"] for s in samples] == list(replies.values())  # order kept across batches, EOS cut
+    assert samples[1]["predicted"] == 6 and samples[3]["predicted"] is None
+    assert metrics["model_size_mb"] == pytest.approx(1024 / 2**20, abs=0.05) and metrics["decoding"] == "greedy"
+    assert "heuristic_reasoning_presence" in metrics
+
+
+def test_gsm8k_jsonl_set_loads_and_scores(tmp_path, gsm8k_dir):
+    cfg = compose_cfg(["model=tiny_random", "eval.sets=[basic,gsm8k]", f"stage.path={gsm8k_dir}", "eval.limit=2"],
+                      tmp_path)
+    check(cfg)
+    basic, gsm = load_sets(cfg)
+    assert (basic.name, basic.max_new_tokens, len(basic.examples), basic.held_out) == ("basic", 48, 2, 200)
+    assert (gsm.name, gsm.dataset, gsm.max_new_tokens, gsm.held_out) == ("gsm8k", "gsm8k", 192, 3)
+    assert len(gsm.examples) == 2 and str(gsm8k_dir) in gsm.source
+    truth = {r["question"]: r["answer"].rsplit("#### ", 1)[1].replace(",", "") for r in GSM8K_ROWS}
+    assert all(truth[ex["question"]] == ex["answer"] for ex in gsm.examples)
+    texts = [f"So the total is {ex['answer']}. The answer is {ex['answer']}." for ex in gsm.examples]
+    metrics, _ = score(gsm.examples, [texts[0], "The answer is 999."], [10, 5])
+    assert (metrics["accuracy"], metrics["format_compliance"], metrics["mean_completion_tokens"]) == (0.5, 1.0, 7.5)
+    # Smaller limits give a prefix of larger ones: the same problems for every model and run.
+    cfg3 = compose_cfg(["eval.sets=[basic]", "eval.limit=3"], tmp_path)
+    assert load_sets(cfg3)[0].examples[:2] == basic.examples
+
+
+def test_curriculum_scores_the_problems_evaluate_scores(tmp_path, gsm8k_dir, monkeypatch):
+    """The accuracy matrix and `python -m grpo_exp.evaluate` read the same held-out problems, also for a
+    GSM8K stage whose stage.num_test is below the limit."""
+    from grpo_exp.training import curriculum
+
+    cfg = compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=3", "eval.limit=3"], tmp_path)
+    expected = load_sets(compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=3",
+                                      "eval.limit=3"], tmp_path, config_name="evaluate"))[0].examples
+    assert len(expected) == 3
+    seen = []
+    monkeypatch.setattr(curriculum.models, "load", lambda *a, **k: (None, None))
+    monkeypatch.setattr(curriculum, "evaluate", lambda model, tok, examples, **kw: (seen.append(examples), None))
+    curriculum._evaluate_dir(cfg.model, cfg.paths.cache_dir, None, [cfg], limit=3, batch_size=3,
+                             seed=cfg.train.seed)
+    assert seen == [expected]
+
+
+def test_other_sets_take_their_stage_settings_and_eval_overrides(tmp_path):
+    cfg = compose_cfg(["stage=basic", "train.max_completion_length=20", "eval.sets=[basic,advanced]"], tmp_path)
+    assert set_settings(cfg, "basic")[1] == 20  # the current stage keeps command-line overrides
+    assert set_settings(cfg, "advanced")[1] == 128  # conf/stage/advanced.yaml
+    cfg = compose_cfg(["eval.sets=[advanced]", "eval.max_new_tokens=7"], tmp_path)
+    assert set_settings(cfg, "advanced")[1] == 7
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["checkpoint=/no/such/run"], "checkpoint=/no/such/run does not exist"),
+    (["eval.sets=[basic,expert]"], "unknown eval set 'expert'"),
+    (["eval.limit=0"], "eval.limit=0"),
+    (["eval.limit=300"], "holds 200 held-out problems (stage.num_test) but 300 were asked for (eval.limit=300)"),
+    (["eval.every_steps=0"], "eval.every_steps=0 must be a positive integer"),
+    (["eval.pass_k=[1,16]", "eval.num_samples=8"], "eval.pass_k has k=16, above the 8 samples per problem"),
+])
+def test_check_fails_with_one_line(tmp_path, overrides, needle):
+    cfg = compose_cfg(["model=tiny_random", *overrides], tmp_path, config_name="evaluate")
+    with pytest.raises(ConfigError) as info:
+        check(cfg)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_evaluate_after_train_writes_eval_json(tmp_path, tiny):
+    model, tokenizer = tiny
+    cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", "quantization=dynamic_int8"], tmp_path)
+    result = evaluate_after_train(cfg, model, tokenizer, tmp_path)
+    assert list(result) == ["basic", "before_after"] and result["basic"]["n"] == 2
+    comparison = json.loads((tmp_path / "before_after.json").read_text())
+    assert comparison["sets"]["basic"]["n"] == 2 and 0 <= comparison["sets"]["basic"]["mcnemar_p"] <= 1
+    assert comparison["sets"]["basic"]["after"] == result["basic"]["accuracy"]
+    assert "| basic (2) |" in (tmp_path / "before_after.md").read_text()
+
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["config"]["quantization"] == "dynamic_int8" and report["config"]["quantized_linear_layers"] == 14
+    assert report["sets"]["basic"]["accuracy"] == result["basic"]["accuracy"]
+    assert len((tmp_path / "eval_samples.jsonl").read_text().splitlines()) == 2
+    assert all(type(m) is not torch.ao.nn.quantized.dynamic.Linear for m in model.modules())  # policy untouched
+
+
+def test_paired_statistics():
+    a = [{"question": str(i), "correct": c} for i, c in enumerate([1, 1, 0, 0, 1])]
+    b = [{"question": str(i), "correct": c} for i, c in enumerate([1, 0, 1, 1, 1])]
+    d = paired(a, b)
+    assert (d["only_first_correct"], d["only_second_correct"]) == (1, 2) and d["accuracy_diff"] == pytest.approx(0.2)
+    assert d["mcnemar_p"] == pytest.approx(1.0)  # 2 * P(X <= 1 | n=3) = 2 * 4/8, capped
+    assert mcnemar_exact_p(0, 6) == pytest.approx(2 / 64)
+
+
+def test_comparison_base_fp32_vs_int8(tmp_path, tiny):
+    cfg = compose_cfg(["model=tiny_random", "eval.sets=[basic]", "eval.limit=2", "eval.max_new_tokens=3"], tmp_path)
+    report, samples = run_comparison(cfg, {"base": None}, load_sets(cfg), int8=True)
+    assert list(report["variants"]) == ["base fp32", "base int8"]
+    overall = report["int8_vs_fp32"][-1]
+    assert overall["set"] == "all" and overall["size_ratio"] < 1 and overall["speed_ratio"] > 0
+    assert len(samples) == 4 and "| basic |" in report["markdown"]
+
+
+def _one_line_exit_2(proc, needle):
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr[-2000:]
+
+
+def test_entrypoint_writes_eval_json(tmp_path, gsm8k_dir):
+    run_dir = tmp_path / "run"
+    proc = run_module("grpo_exp.evaluate", "model=tiny_random", "eval.limit=3", "eval.sets=[basic,gsm8k]",
+                      f"stage.path={gsm8k_dir}", "eval.max_new_tokens=6", "eval.batch_size=4", "cpu.threads=1",
+                      f"hydra.run.dir={run_dir}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((run_dir / "eval.json").read_text())
+    assert set(report) == {"config", "sets", "table"}
+    cfg = report["config"]
+    assert {"model", "checkpoint", "quantization", "sets", "limit", "batch_size", "max_new_tokens", "decoding",
+            "seed", "data_seed", "model_size_mb", "threads"} <= cfg.keys()
+    assert (cfg["model"], cfg["checkpoint"], cfg["quantization"], cfg["sets"]) == ("tiny_random", None, "none",
+                                                                                    ["basic", "gsm8k"])
+    for name, n in (("basic", 3), ("gsm8k", 3)):  # the GSM8K file holds only 3 problems
+        m = report["sets"][name]
+        assert m["n"] == n and 0 <= m["accuracy_ci95_low"] <= m["accuracy"] <= m["accuracy_ci95_high"] <= 1
+        assert {"accuracy", "format_compliance", "mean_completion_tokens", "tokens_per_s", "peak_rss_mb",
+                "model_size_mb", "heuristic_reasoning_presence"} <= m.keys()
+    samples = [json.loads(line) for line in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 6 and {"set", "question", "answer", "completion", "predicted", "correct"} <= samples[0].keys()
+    assert "| basic | 3 |" in proc.stdout
+
+
+@pytest.mark.parametrize("case", ["missing", "not_a_model", "unknown_set", "bad_jsonl"])
+def test_entrypoint_bad_input_exits_2_with_one_line(tmp_path, case):
+    args, needle = {
+        "missing": (["checkpoint=/no/such/run"], "checkpoint=/no/such/run does not exist"),
+        "not_a_model": ([f"checkpoint={tmp_path}"], "holds no model"),
+        "unknown_set": (["eval.sets=[basic,expert]"], "valid sets: advanced, basic, gsm8k, intermediate"),
+        "bad_jsonl": (["eval.sets=[gsm8k]", f"stage.path={tmp_path / 'bad.jsonl'}"], "bad.jsonl, line 2"),
+    }[case]
+    (tmp_path / "bad.jsonl").write_text(json.dumps(GSM8K_ROWS[0]) + "\n{not json\n")
+    proc = run_module("grpo_exp.evaluate", "model=tiny_random", *args, f"hydra.run.dir={tmp_path / 'run'}",
+                      timeout=120, env={"HF_HUB_OFFLINE": "1"})
+    _one_line_exit_2(proc, needle)
+
+
+def test_pass_at_k_matches_enumeration():
+    """The unbiased estimator equals the share of k-subsets of the n samples that hold a correct one."""
+    import itertools
+
+    from grpo_exp.evaluation.stats import pass_at_k
+
+    for n, c, k in [(8, 0, 1), (8, 1, 1), (8, 1, 8), (8, 3, 2), (5, 2, 3), (6, 6, 4)]:
+        outcomes = [1] * c + [0] * (n - c)
+        subsets = list(itertools.combinations(range(n), k))
+        expected = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+        assert pass_at_k(n, c, k) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="pass@9 needs at least 9 samples"):
+        pass_at_k(8, 1, 9)
+
+
+def test_evaluate_reports_pass_at_k(tiny):
+    _, tokenizer = tiny
+    examples = [{"question": "What is 7 + 5?", "answer": "12"}, {"question": "What is 9 - 4?", "answer": "5"}]
+    stub = ScriptedLM(tokenizer, {"7 + 5": "The answer is 12.", "9 - 4": "The answer is 6."})
+    metrics, samples = evaluate(stub, tokenizer, examples, system_prompt="", max_new_tokens=16, batch_size=4,
+                                pass_k=[1, 4], num_samples=4, temperature=0.7)
+    # the scripted model answers the same every time: pass@k is its accuracy for every k
+    assert metrics["pass_at_k"] == {"1": 0.5, "4": 0.5}
+    assert (metrics["pass_samples"], metrics["pass_temperature"]) == (4, 0.7)
+    assert [s["sampled_correct"] for s in samples] == [4, 0]
+
+
+def _fake_run(tmp_path, tiny, seed: int):
+    """A training run directory as training leaves it: model/ and the .hydra/config.yaml it ran with."""
+    from omegaconf import OmegaConf
+
+    model, tokenizer = tiny
+    run = tmp_path / "run"
+    model.save_pretrained(run / "model")
+    tokenizer.save_pretrained(run / "model")
+    ran_with = compose_cfg(["model=tiny_random", f"train.seed={seed}"], run)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(ran_with, run / ".hydra" / "config.yaml")
+    return run
+
+
+def test_checkpoint_is_scored_on_its_own_recorded_split(tmp_path, tiny):
+    from grpo_exp.evaluation.run import held_out_split, settings_summary
+
+    run = _fake_run(tmp_path, tiny, seed=7)
+    cfg = compose_cfg(["model=tiny_random", f"checkpoint={run}", "eval.limit=20"], tmp_path / "ev",
+                      config_name="evaluate")
+    assert cfg.train.seed == 42  # this config's own seed would draw another split
+    check(cfg)
+    sets = load_sets(cfg)
+    assert [e["question"] for e in sets[0].examples] == [
+        e["question"] for e in held_out_split(cfg.stage, 20, 7)[:20]]
+    assert [e["question"] for e in sets[0].examples] != [
+        e["question"] for e in held_out_split(cfg.stage, 20, 42)[:20]]
+    summary = settings_summary(cfg, sets)
+    assert summary["data_seed"] == 7 and summary["data_seed_from"].endswith(".hydra/config.yaml")
+
+
+def test_base_figures_are_cached_per_settings(tmp_path, tiny, monkeypatch):
+    import grpo_exp.evaluation.run as ev
+
+    model, tokenizer = tiny
+    overrides = ["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", f"paths.cache_dir={tmp_path / 'cache'}"]
+    cfg = compose_cfg(overrides, tmp_path / "a")
+    first = evaluate_after_train(cfg, model, tokenizer, tmp_path / "a")
+    cached = list((tmp_path / "cache" / "base_eval").glob("tiny_random-*.json"))
+    assert len(cached) == 1
+    monkeypatch.setattr(ev, "load_model", lambda *a, **k: pytest.fail("the base model was loaded again"))
+    second = evaluate_after_train(cfg, model, tokenizer, tmp_path / "b")
+    assert second["before_after"]["basic"]["before"] == first["before_after"]["basic"]["before"]
+    # other problems (another limit) are another cache entry, not a stale hit
+    monkeypatch.undo()
+    evaluate_after_train(compose_cfg(overrides[:1] + ["eval.limit=3"] + overrides[2:], tmp_path / "c"),
+                         model, tokenizer, tmp_path / "c")
+    assert len(list((tmp_path / "cache" / "base_eval").glob("tiny_random-*.json"))) == 2

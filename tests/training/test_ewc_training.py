@@ -1,0 +1,129 @@
+"""EWC inside real GRPO training: accumulation-invariant scaling, a penalty that holds parameters
+back, and a 3-stage curriculum with Fisher files and an accuracy matrix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo_exp.training import ewc
+from grpo_exp.core import models
+from grpo_exp.core import rewards
+from grpo_exp.training.curriculum import run_curriculum, transfer_metrics
+from grpo_exp.training.stage import StageParts, train
+from grpo_exp.training.trainer import build_trainer
+from tests.conftest import compose_cfg
+
+FAST = ["debug=smoke", "stage.num_train=8", "ewc.fisher_samples=4", "ewc.fisher_batch_size=4"]
+
+
+def vowel_fraction(completions, **kwargs):
+    """A reward with spread on random-token text, so GRPO advantages (and updates) are non-zero."""
+    texts = [rewards.completion_text(c) for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
+
+
+@pytest.fixture
+def spread_reward(monkeypatch):
+    monkeypatch.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
+    return ["reward.funcs=[vowel_fraction]", "reward.weights=[1.0]"]
+
+
+def test_accumulation_steps_do_not_change_the_penalty_or_its_gradient(tmp_path):
+    cfg = compose_cfg(FAST, tmp_path)
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    fisher = {n: torch.rand_like(p.detach()) for n, p in ewc.fisher_parameters(model, False).items()}
+    state = ewc.EwcState(fisher, ewc.current_parameters(model, fisher), ["basic"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in fisher:
+                p.add_(0.01)
+    from grpo_exp.core.data import build_examples, to_dataset
+
+    dataset = to_dataset(build_examples("basic", "train", num_train=8, num_test=4, seed=0), "")
+    parts = StageParts(model, tokenizer, [], dataset, [rewards.correctness], [1.0], None, state,
+                       ewc.EwcPenalty(state, 3.0))
+    trainer = build_trainer(cfg, parts, tmp_path, [])
+    model.train()
+    grads, logged = {}, {}
+    for accumulation in (1, 2):
+        model.zero_grad()
+        trainer._metrics["train"].clear()
+        trainer.current_gradient_accumulation_steps = accumulation
+        for _ in range(accumulation):
+            trainer.extra_loss_term(model).backward()
+        grads[accumulation] = {n: p.grad.clone() for n, p in model.named_parameters() if n in fisher}
+        values = trainer._metrics["train"]["ewc_penalty"]
+        logged[accumulation] = sum(values) / len(values)
+    assert logged[1] == pytest.approx(logged[2], rel=1e-6) and logged[1] > 0
+    for name in fisher:
+        torch.testing.assert_close(grads[1][name], grads[2][name], rtol=1e-5, atol=1e-9)
+
+
+def _weighted_distance(state, model_dir) -> float:
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return ewc.EwcPenalty(state, 1.0).weighted_distance(model)
+
+
+def test_large_lambda_keeps_parameters_closer_to_the_anchor(tmp_path, spread_reward):
+    first = compose_cfg([*FAST, *spread_reward, "train.max_steps=1", "ewc.lambda=1"], tmp_path / "a")
+    train(first)
+    state = ewc.EwcState.load(tmp_path / "a")
+    assert (tmp_path / "a" / "fisher.safetensors").exists() and state.stages == ["basic"]
+
+    distances = {}
+    for lam in (0, 1e6):
+        out = tmp_path / f"lam{lam:g}"
+        cfg = compose_cfg([*FAST, *spread_reward, "train.max_steps=4", "train.learning_rate=1e-3",
+                           f"ewc.lambda={lam}", f"init_from={tmp_path / 'a'}"], out)
+        metrics = train(cfg)
+        assert metrics["steps"] == 4
+        distances[lam] = _weighted_distance(state, out / "model")
+    history = [json.loads(line) for line in (tmp_path / "lam1e+06" / "history.jsonl").read_text().splitlines()]
+    assert all("ewc_penalty" in row for row in history)
+    assert distances[0] > 0
+    assert distances[1e6] < 0.5 * distances[0], distances
+
+
+def test_init_from_without_ewc_state_is_refused(tmp_path):
+    from grpo_exp.base.errors import ConfigError
+
+    first = compose_cfg([*FAST, "train.max_steps=1"], tmp_path / "a")
+    train(first)  # lambda 0: no Fisher is written
+    assert not (tmp_path / "a" / "fisher.safetensors").exists()
+    cfg = compose_cfg([*FAST, "ewc.lambda=1", f"init_from={tmp_path / 'a'}"], tmp_path / "b")
+    with pytest.raises(ConfigError, match="fisher.safetensors"):
+        train(cfg)
+    with pytest.raises(ConfigError, match="holds no model"):
+        train(compose_cfg([*FAST, f"init_from={tmp_path}"], tmp_path / "c"))
+
+
+def test_three_stage_curriculum_writes_stages_fishers_and_matrix(tmp_path):
+    overrides = [*FAST, "train.max_steps=1", "ewc.lambda=10", "curriculum=progressive",
+                 "curriculum.eval_limit=3", "curriculum.eval_batch_size=3", "train.max_completion_length=8"]
+    cfg = compose_cfg(overrides, tmp_path)
+    result = run_curriculum(cfg, overrides)
+    for i, stage in enumerate(["basic", "intermediate", "advanced"], start=1):
+        stage_dir = tmp_path / f"{i}_{stage}"
+        assert (stage_dir / "model" / "config.json").exists()
+        assert ewc.EwcState.load(stage_dir).stages == ["basic", "intermediate", "advanced"][:i]
+        assert json.loads((stage_dir / "metrics.json").read_text())["stage"] == stage
+    saved = json.loads((tmp_path / "curriculum.json").read_text())
+    assert [len(row) for row in saved["matrix"]] == [1, 2, 3]
+    assert len(saved["base"]) == 3
+    assert {"average_accuracy", "bwt", "forgetting_max"} <= saved.keys()
+    assert result["table"].count("\n") == 5  # header, separator, base and three stage rows
+    # The curriculum continued the same policy: stage 2 started from stage 1's model.
+    assert json.loads((tmp_path / "2_intermediate" / "metrics.json").read_text())["init_from"].endswith("1_basic/model")
+
+
+def test_transfer_metrics_follow_the_definitions():
+    r = [[0.5], [0.3, 0.6], [0.2, 0.5, 0.7]]
+    m = transfer_metrics(r)
+    assert m["average_accuracy"] == pytest.approx((0.2 + 0.5 + 0.7) / 3)
+    assert m["bwt"] == pytest.approx(((0.2 - 0.5) + (0.5 - 0.6)) / 2)
+    assert m["forgetting_per_stage"] == pytest.approx([0.5 - 0.2, 0.6 - 0.5])
+    assert m["forgetting_max"] == pytest.approx(0.3)

@@ -1,0 +1,204 @@
+"""Every speed option still makes a correct GRPO step (finite loss, moved parameters, the plain path's batch
+shapes), and grpo-bench runs end to end. No timing assertions: timings belong to the benchmark."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grpo_exp.base import cpu
+from grpo_exp.core import data
+from grpo_exp.core import models
+from grpo_exp.core import rewards
+from grpo_exp.training import shared_prefix
+from grpo_exp.config.schema import generation_batch
+from grpo_exp.training.stage import StageParts
+from grpo_exp.config.checks import validate
+from grpo_exp.training.trainer import build_trainer
+from tests.conftest import ROOT, compose_cfg
+
+# debug=smoke: tiny random model, 2 prompts x 2 completions per step; 8 tokens
+FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none", "train.max_completion_length=8",
+        "reward.funcs=[vowel_fraction]", "reward.weights=[1.0]", "train.save_steps=100"]
+
+OPTIONS = {
+    "plain": [],
+    "steps_per_generation=2": ["train.steps_per_generation=2"],
+    "generation_batch_size=8": ["train.generation_batch_size=8", "train.steps_per_generation=null"],
+    "static_cache": ["+train.extra.cache_implementation=static"],
+    "precision=fp32": ["train.precision=fp32"],
+    "threads=1": ["cpu.threads=1"],
+    "train=fast": ["train=fast"],
+    "shared_prefix=false": ["train.shared_prefix=false"],
+    "gradient_checkpointing": ["train.gradient_checkpointing=true"],
+    "beta=0.04 (reference model)": ["train.beta=0.04"],
+}
+
+
+def vowel_fraction(completions, **kwargs):
+    """A reward with spread on random-token text, so GRPO advantages (and updates) are non-zero."""
+    texts = [rewards.completion_text(c) for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
+
+
+@pytest.fixture(autouse=True)
+def spread_reward(monkeypatch):
+    monkeypatch.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
+
+
+def one_run(tmp_path, overrides: list[str]):
+    """Train for one generation round (>= 1 step) and return what a step saw and produced."""
+    cfg = compose_cfg([*FAST, *overrides], tmp_path)
+    _, spg = generation_batch(cfg.train)
+    cfg.train.max_steps = max(spg, 1)  # one generation round: the buffered (off-policy) steps run too
+    validate(cfg)
+    threads, env = torch.get_num_threads(), {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    cpu.apply(cfg.cpu)
+    try:
+        funcs, weights = rewards.build(list(cfg.reward.funcs), list(cfg.reward.weights))
+        dataset = data.to_dataset(data.build_examples("basic", "train", num_train=16, num_test=8, seed=0), "")
+        model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        parts = StageParts(model, tokenizer, [], dataset, funcs, weights, None, None, None)
+        trainer = build_trainer(cfg, parts, output_dir=tmp_path, callbacks=[])
+        seen = []
+        compute_loss = trainer.compute_loss
+
+        def recording(model, inputs, *a, **kw):
+            seen.append({k: tuple(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)})
+            return compute_loss(model, inputs, *a, **kw)
+
+        trainer.compute_loss = recording
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+        for key, value in env.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    moved = any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
+    return cfg, trainer, seen, losses, moved
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
+    try:
+        return one_run(tmp_path_factory.mktemp("plain"), OPTIONS["plain"])
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_option_makes_a_correct_grpo_step(name, tmp_path, plain_run):
+    plain_shapes = plain_run[2][0]
+    cfg, trainer, seen, losses, moved = plain_run if name == "plain" else one_run(tmp_path, OPTIONS[name])
+    assert losses and all(math.isfinite(x) for x in losses), losses
+    assert moved, "no parameter changed: the step did not update the policy"
+    assert all(math.isfinite(float(p.detach().abs().max())) for p in trainer.model.parameters())
+    # same per-step batch as the plain path: rows = per_device_train_batch_size completions of <= max length
+    for shapes in seen:
+        assert shapes["completion_ids"][0] == cfg.train.per_device_train_batch_size
+        assert shapes["completion_ids"][1] <= cfg.train.max_completion_length
+        assert shapes["advantages"] == (cfg.train.per_device_train_batch_size,)
+        common = set(plain_shapes) - {"old_per_token_logps"}
+        assert common <= set(shapes), sorted(common - set(shapes))
+    _, spg = generation_batch(cfg.train)
+    assert trainer.args.steps_per_generation == spg
+    assert len(seen) == max(spg, 1)
+    if spg > 1:  # off-policy steps: TRL must carry the old policy's logprobs for the clipped ratio
+        assert all("old_per_token_logps" in s for s in seen)
+    if name.startswith("beta"):  # TRL loaded a reference model and logged the KL to it
+        assert trainer.ref_model is not None
+        assert all(math.isfinite(row["kl"]) for row in trainer.state.log_history if "loss" in row)
+    if "static" in name:
+        assert trainer.args.cache_implementation == "static"
+
+
+def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
+    """Same seed, same completions: the shared-prefix step logs TRL's entropy and gradient norm."""
+    used = []
+    real = shared_prefix.completion_logps
+
+    def counting(*args, **kwargs):
+        out = real(*args, **kwargs)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(shared_prefix, "completion_logps", counting)
+    on = one_run(tmp_path / "on", [])
+    off = one_run(tmp_path / "off", ["train.shared_prefix=false"])
+    assert on[1].share_prefixes and not off[1].share_prefixes
+    assert used and all(used), "the default path did not share the prompts"
+    first_on, first_off = on[1].state.log_history[0], off[1].state.log_history[0]
+    assert first_on["completions/mean_length"] == first_off["completions/mean_length"]
+    assert first_on["entropy"] == pytest.approx(first_off["entropy"], rel=1e-4)
+    assert first_on["grad_norm"] > 0
+    assert first_on["grad_norm"] == pytest.approx(first_off["grad_norm"], rel=1e-3)
+
+
+def test_bench_script_writes_both_variants_and_a_ratio(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_exp.apps.bench", "--steps", "1", "--warmup", "0", "--model", "tiny_random",
+         "--max-completion-length", "8", "--prompts-per-step", "1", "--num-generations", "2", "--threads", "1",
+         "--profile", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    assert set(report["variants"]) == {"baseline", "grpo-exp"}
+    for name, res in report["variants"].items():
+        # --steps 1 is rounded up to a whole generation round of the default recipe (steps_per_generation=2)
+        assert res["status"] == "ok" and res["measured_steps"] == 2
+        assert res["settings"]["steps_per_generation"] == 2
+        assert res["completion_tokens_per_s"] > 0 and res["peak_rss_mb"] > 100
+        assert res["profile_mean_per_step_s"]["generation"] > 0
+    assert report["variants"]["baseline"]["settings"]["gradient_checkpointing"] is True
+    assert report["variants"]["grpo-exp"]["settings"]["gradient_checkpointing"] is False
+    assert report["variants"]["grpo-exp"]["settings"]["shared_prefix"] is True
+    assert report["variants"]["baseline"]["settings"]["shared_prefix"] is False
+    assert report["ratio_vs_baseline"]["grpo-exp"]["completion_tokens_per_s"] > 0
+    assert (out / "bench.md").exists()
+
+
+def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
+    out = tmp_path / "prof"
+    proc = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--model", "tiny_random", "--tokens", "4",
+                           "--batch", "2", "--threads", "1", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "profile.json").read_text())
+    assert result["batch"] == 2 and result["tokens"] == 4 and result["threads"] == 1
+    assert result["generate_s"] > 0 and result["top_ops"]
+    assert 0 < sum(o["share"] for o in result["top_ops"]) <= 1.0 + 1e-6
+    assert result["lm_head_weight_gb_per_s"] > 0 and result["memory_read_gb_per_s"] > 0
+    assert "ms per decoding step" in (out / "profile.md").read_text()
+
+    bad = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--batch", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--batch" in bad.stderr
+
+
+def test_monitor_counts_tokens_of_generation_rounds(tmp_path):
+    """steps_per_generation=4: the generating step logs the mean length of 4 steps' completions, the other
+    three log none; tokens and time must both cover all four steps."""
+    from grpo_exp.base.monitor import MonitorCallback
+
+    monitor = MonitorCallback(tmp_path / "history.jsonl", completions_per_step=8, completions_per_generation=32)
+    state = type("State", (), {"global_step": 0})()
+    for step in range(8):
+        monitor.on_step_begin(None, state, None)
+        monitor.on_step_end(None, state, None)
+        monitor._last_step_time = monitor.step_times[-1] = 1.0
+        state.global_step = step + 1
+        monitor.on_log(None, state, None, logs={"completions/mean_length": 10.0} if step % 4 == 0 else {"loss": 0.1})
+    monitor.sampler.stop()
+    summary = monitor.summary([])
+    assert summary["completion_tokens_total"] == 2 * 32 * 10.0
+    assert summary["completion_tokens_per_s"] == 2 * 32 * 10.0 / 8
