@@ -224,7 +224,7 @@ class StageRun:
             "precision": resolve_precision(cfg.train.precision),
             "torch_version": torch.__version__,
             "ewc_lambda": cfg.ewc["lambda"],
-            "skipped_batches": trainer.skipped_batches,
+            "skipped_steps": trainer.skipped_steps,
         }
         if parts.penalty is not None:
             metrics["ewc_weighted_distance"] = parts.penalty.weighted_distance(trainer.model)

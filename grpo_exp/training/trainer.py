@@ -81,10 +81,14 @@ class GrpoExpTrainer(GRPOTrainer):
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
                  share_prefixes: bool = False, **kwargs):
         self.on_nonfinite = on_nonfinite
-        self._skip_batch = False
-        self.skipped_batches = 0
+        # on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that
+        # trains on it), a NaN/inf loss the rest of its round; poisoned steps change no parameter or state
+        self._round_poisoned: str | None = None  # why the current generation round is poisoned
+        self._drop_update = False  # the optimizer step being accumulated must not happen
+        self.skipped_steps = 0
         kwargs["reward_funcs"] = [self._guard_reward(f) for f in kwargs["reward_funcs"]]
         super().__init__(*args, **kwargs)
+        self.add_callback(_DropPoisonedUpdates(self))
         self.extra_loss = extra_loss
         self.completions_path = Path(completions_path) if completions_path else None
         self.completions_every = completions_every
@@ -111,7 +115,7 @@ class GrpoExpTrainer(GRPOTrainer):
                 if self.on_nonfinite == "stop":
                     raise NonFiniteError(f"{where}; stopped, last good checkpoint kept "
                                          f"(on_nonfinite=skip drops such batches instead)")
-                self._skip_batch = True
+                self._round_poisoned = where
                 values = [0.0 if v is not None and not math.isfinite(v) else v for v in values]
             return values
 
@@ -142,24 +146,27 @@ class GrpoExpTrainer(GRPOTrainer):
             entropies.append(scored[1])
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
+    def _prepare_inputs(self, generation_batch):
+        """TRL's: a new generation round starts clean (its rewards may poison it again)."""
+        if self.model.training:
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            if self._step % generate_every == 0 or self._buffered_inputs is None:
+                self._round_poisoned = None
+        return super()._prepare_inputs(generation_batch)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if self.extra_loss is not None and model.training:
             loss = loss + self.extra_loss_term(model)
-        if model.training and (self._skip_batch or not torch.isfinite(loss)):
+        if model.training and self._round_poisoned is None and not torch.isfinite(loss):
+            self._round_poisoned = f"non-finite loss ({float(loss)}) at step {self.state.global_step + 1}"
             if self.on_nonfinite == "stop":
-                raise NonFiniteError(f"non-finite loss ({float(loss)}) at step {self.state.global_step + 1}; "
-                                     f"stopped, last good checkpoint kept")
-            self.skipped_batches += 1
+                raise NonFiniteError(f"{self._round_poisoned}; stopped, last good checkpoint kept")
+        if model.training and self._round_poisoned is not None:
+            self._drop_update = True  # the optimizer step this micro-batch accumulates into is dropped
             # A zero that still belongs to the graph: backward runs and leaves every gradient at zero.
             return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
         return loss
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        try:
-            return super().training_step(model, inputs, num_items_in_batch)
-        finally:
-            self._skip_batch = False
 
     def _save_checkpoint(self, model, trial):
         """HF's checkpoint, written into a staging directory and renamed into place when complete."""
@@ -216,6 +223,42 @@ class GrpoExpTrainer(GRPOTrainer):
                     "advantage": self._logs["advantages"][i] if i < len(self._logs["advantages"]) else None,
                 }
                 fh.write(json.dumps(row) + "\n")
+
+
+class _DropPoisonedUpdates(TrainerCallback):
+    """on_nonfinite=skip: turn the optimizer step of a poisoned round into a no-op, so parameters, AdamW's
+    moments and step count, and the LR schedule are all exactly as before it.
+
+    The trainer's optimizer is accelerate's wrapper; its `step_was_skipped` flag (set here) is what the HF
+    loop reads to leave the scheduler alone, as it does for an fp16 overflow."""
+
+    def __init__(self, trainer: "GrpoExpTrainer"):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        optimizer = self.trainer.optimizer
+        if getattr(optimizer, "_grpo_exp_guarded", False):
+            return
+        original = optimizer.step
+        trainer = self.trainer
+
+        def step(*a, **k):
+            optimizer._is_overflow = trainer._drop_update
+            if trainer._drop_update:
+                return None
+            return original(*a, **k)
+
+        optimizer.step = step
+        optimizer._grpo_exp_guarded = True
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        if trainer._drop_update:
+            trainer.skipped_steps += 1
+            trainer.pending_logs.update({"skipped_update": 1, "skipped_reason": trainer._round_poisoned or "non-finite"})
+            logger.warning("step %s: update dropped (%s); parameters and optimizer state unchanged",
+                           state.global_step + 1, trainer._round_poisoned)
+            trainer._drop_update = False
 
 
 class GracefulStop(TrainerCallback):

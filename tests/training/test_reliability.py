@@ -4,6 +4,7 @@ unwritable output directories. Each run is the real entrypoint on the tiny model
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -125,6 +126,12 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, 
     assert not list((tmp_path / "checkpoints").glob(".staging-*"))
 
 
+def rewards_registry():
+    from grpo_exp.core import rewards
+
+    return rewards.REGISTRY
+
+
 def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, test_rewards):
     from grpo_exp.training.stage import train
 
@@ -139,13 +146,74 @@ def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, test_
             "checkpoint-1", "checkpoint-2"]
         assert not (tmp_path / "stop" / "metrics.json").exists()
 
-        spread_reward_main._calls["n"] = 0
-        cfg = compose_cfg([*SPREAD, "reward.funcs=[vowel_fraction,nan_after]", "reward.weights=[1.0,1.0]",
-                           "train.max_steps=4", "on_nonfinite=skip"], tmp_path / "skip")
-        metrics = train(cfg)
-        assert metrics["steps"] == 4 and metrics["skipped_batches"] == 2
     finally:
         os.environ.pop("GRPO_EXP_TEST_NAN_AFTER", None)
+
+
+@pytest.mark.parametrize("layout", [
+    ["train.gradient_accumulation_steps=1"],
+    ["train.gradient_accumulation_steps=2", "train.per_device_train_batch_size=2", "train.steps_per_generation=null"],
+    ["train.steps_per_generation=2"],
+])
+def test_a_skipped_step_changes_no_parameter_or_optimizer_state(tmp_path, test_rewards, monkeypatch, layout):
+    """on_nonfinite=skip: the round whose rewards hold a NaN trains nothing (every step fed by it, every
+    micro-batch), AdamW's state and the LR schedule stay bit-identical, and the run then goes on and learns."""
+    from grpo_exp.training.stage import train
+    from grpo_exp.training.trainer import GrpoExpTrainer
+
+    spread_reward_main = test_rewards
+    nan_calls = {2}  # the second generation round's rewards hold a NaN; the others are clean
+
+    def nan_on_call(completions, **kwargs):
+        spread_reward_main._calls["n"] += 1
+        bad = spread_reward_main._calls["n"] in nan_calls
+        return [math.nan if bad and i == 0 else 0.0 for i in range(len(completions))]
+
+    monkeypatch.setitem(rewards_registry(), "nan_after", nan_on_call)
+    snapshots = []
+
+    def snapshot(trainer):
+        opt = trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+        return ({n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+                {i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()} for i, st in opt.state.items()},
+                trainer.lr_scheduler.last_epoch)
+
+    real_step = GrpoExpTrainer.training_step
+
+    def recording_step(self, *args, **kwargs):
+        snapshots.append((self.state.global_step, self._step, snapshot(self)))
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(GrpoExpTrainer, "training_step", recording_step)
+    cfg = compose_cfg([*SPREAD, "reward.funcs=[vowel_fraction,nan_after]", "reward.weights=[1.0,1.0]",
+                       "train.max_steps=6", "on_nonfinite=skip", "train.lr_scheduler_type=linear", *layout],
+                      tmp_path / "skip")
+    metrics = train(cfg)
+    spg = cfg.train.steps_per_generation or cfg.train.gradient_accumulation_steps
+    steps_per_round = max(spg // cfg.train.gradient_accumulation_steps, 1)
+    assert metrics["steps"] == 6 and metrics["skipped_steps"] == steps_per_round
+    # the state before the poisoned round's first step equals the state after its last one
+    by_step = {}
+    for global_step, _, state in snapshots:
+        by_step.setdefault(global_step, state)
+    first = steps_per_round  # round 2 starts at this optimizer step
+    before, after = by_step[first], by_step[first + steps_per_round]
+    for name, value in before[0].items():
+        assert torch.equal(value, after[0][name]), name
+    assert before[1].keys() == after[1].keys()
+    for i, state in before[1].items():
+        for key, value in state.items():
+            assert torch.equal(value, after[1][i][key]) if torch.is_tensor(value) else value == after[1][i][key]
+    assert before[2] == after[2]  # the LR schedule did not advance
+    # the clean round before it trained, and so did the run after it
+    assert any(not torch.equal(by_step[0][0][n], v) for n, v in before[0].items())
+    from safetensors.torch import load_file
+
+    final = load_file(str(tmp_path / "skip" / "model" / "model.safetensors"))
+    assert any(not torch.equal(after[0][n], final[n]) for n in final if n in after[0])
+    history = read_jsonl(tmp_path / "skip" / "history.jsonl")
+    skipped = [r for r in history if r.get("skipped_update")]
+    assert len(skipped) == steps_per_round and "returned nan" in skipped[0]["skipped_reason"]
 
 
 def test_nan_reward_through_the_entrypoint_is_one_line_and_exit_3(tmp_path):
