@@ -30,6 +30,23 @@ def nan_after(completions, **kwargs):
 
 TEST_REWARDS = {"vowel_fraction": vowel_fraction, "nan_after": nan_after}
 
+def kill_at_publish_step() -> None:
+    """GRPO_EXP_TEST_KILL_AT=<step>:<dir name>: die like SIGKILL (no clean-up) at that step of a publish."""
+    spec = os.environ.get("GRPO_EXP_TEST_KILL_AT")
+    if not spec:
+        return
+    from grpo_exp.base import io
+
+    step, name = spec.split(":", 1)
+
+    def hook(at, final):
+        if at == step and final.name == name:
+            os._exit(137)
+
+    io.publish_fault_hook = hook
+
+
 if __name__ == "__main__":
     rewards.REGISTRY.update(TEST_REWARDS)
+    kill_at_publish_step()
     main()

@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from grpo_exp.base.errors import ConfigError, DiskFullError
 
@@ -43,6 +44,47 @@ def disk_full_reason(err: BaseException, target: str | Path) -> str | None:
     return f"{target.name} not written: the disk holding {probe} is full ({free // 2**20} MB free)"
 
 
+RETIRED_SUFFIX = ".retired"
+# Tests set this to a callable(step, final) to kill the process at a step of publish_dir ("retired":
+# the old copy moved aside; "published": the new copy renamed in) and check that repair_publish copes.
+publish_fault_hook: Callable[[str, Path], None] | None = None
+
+
+def retired_dir(final: Path) -> Path:
+    return final.with_name(final.name + RETIRED_SUFFIX)
+
+
+def publish_dir(staging: Path, final: Path) -> None:
+    """Put the complete directory `staging` at `final` with no moment lacking a complete copy: move the
+    old copy aside (`<final>.retired`), rename the new one in, then delete the old. A kill at any point
+    leaves a complete copy at `final` or at `<final>.retired`, and `repair_publish` restores the rule
+    "exactly one copy, at `final`"."""
+    retired = retired_dir(final)
+    if final.exists():
+        if retired.exists():
+            shutil.rmtree(retired)
+        os.replace(final, retired)
+        if publish_fault_hook:
+            publish_fault_hook("retired", final)
+    os.replace(staging, final)
+    if publish_fault_hook:
+        publish_fault_hook("published", final)
+    if retired.exists():
+        shutil.rmtree(retired)
+
+
+def repair_publish(final: Path) -> str | None:
+    """Finish or undo a publish_dir that a kill interrupted; returns what it did, or None."""
+    retired = retired_dir(final)
+    if not retired.exists():
+        return None
+    if final.exists():  # the new copy was already in place: the old one only had to go
+        shutil.rmtree(retired)
+        return f"removed the previous copy {retired.name} left by an interrupted save"
+    os.replace(retired, final)  # killed between moving the old copy aside and renaming the new one in
+    return f"restored {final.name} from {retired.name} (an interrupted save)"
+
+
 def save_model_dir(model, tokenizer, target: str | Path, keep_existing: bool = False) -> Path:
     """Save an HF model directory atomically: a complete new one replaces the old one, or nothing changes.
 
@@ -61,14 +103,7 @@ def save_model_dir(model, tokenizer, target: str | Path, keep_existing: bool = F
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)  # another process's directory is already in place
             return target
-        old = None
-        if target.exists():
-            old = target.with_name(target.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        publish_dir(tmp, target)
     except BaseException as err:
         full = disk_full_reason(err, target) if isinstance(err, Exception) else None
         shutil.rmtree(tmp, ignore_errors=True)

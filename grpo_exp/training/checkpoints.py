@@ -14,7 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
-from grpo_exp.base.io import read_jsonl, write_json
+from grpo_exp.base.io import RETIRED_SUFFIX, publish_dir, read_jsonl, repair_publish, write_json
 
 STAGING_PREFIX = ".staging-"
 STATE_FILE = "grpo_exp_state.json"
@@ -35,9 +35,24 @@ def fsync_tree(path: Path) -> None:
 
 def publish(staging: Path, final: Path) -> None:
     fsync_tree(staging)
-    if final.exists():  # a re-save of the same step replaces the old one whole
-        shutil.rmtree(final)
-    os.replace(staging, final)
+    publish_dir(staging, final)  # a re-save of the same step replaces the old one whole, never leaving none
+
+
+def repair(run_dir: Path) -> list[str]:
+    """Resume's clean-up after a kill: staging directories go, interrupted publishes of checkpoints and
+    model/ are finished or undone. Returns what was done, one line each."""
+    done = [f"removed an incomplete checkpoint left by a crash: {p.name}"
+            for p in remove_staging(run_dir / "checkpoints")]
+    for partial in run_dir.glob("model.tmp-*"):  # save_model_dir's staging of a model/ save that was killed
+        shutil.rmtree(partial, ignore_errors=True)
+        done.append(f"removed an incomplete model directory left by a crash: {partial.name}")
+    finals = {p.with_name(p.name[: -len(RETIRED_SUFFIX)])
+              for p in [*(run_dir / "checkpoints").glob("*" + RETIRED_SUFFIX), run_dir / ("model" + RETIRED_SUFFIX)]}
+    for final in sorted(finals):
+        what = repair_publish(final)
+        if what:
+            done.append(what)
+    return done
 
 
 def complete_checkpoints(checkpoints_dir: str | Path) -> list[Path]:

@@ -99,6 +99,8 @@ def train(cfg, step_offset: int = 0) -> dict:
     run_dir = Path(cfg.paths.output_dir)
     ensure_writable(run_dir)
     if cfg.resume:
+        for repaired in checkpoints.repair(run_dir):  # a kill may have cut a save short
+            logger.info(repaired)
         finished = finished_metrics(run_dir)
         if finished is not None:
             logger.info("%s already finished stage %s; not retrained", run_dir, finished.get("stage"))
@@ -154,8 +156,6 @@ def finished_metrics(run_dir: Path) -> dict | None:
 def _prepare_resume(run_dir: Path) -> Path | None:
     """The last complete checkpoint, with run files cut back to it; None: nothing to resume, start fresh."""
     ckpt_dir = run_dir / "checkpoints"
-    for leftover in checkpoints.remove_staging(ckpt_dir):
-        logger.info("removed an incomplete checkpoint left by a crash: %s", leftover.name)
     last = checkpoints.last_checkpoint(ckpt_dir)
     if last is None:
         logger.info("no complete checkpoint in %s; starting this stage from the beginning", ckpt_dir)
@@ -203,7 +203,15 @@ class StageRun:
         init = parts.init
         self.stopper.install()
         try:
-            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+            if resume_from is not None and checkpoints.checkpoint_step(resume_from) >= cfg.train.max_steps:
+                # killed after its last step: HF's loop would run one step more than max_steps, so only
+                # the checkpoint's weights and state are taken
+                from transformers import TrainerState
+
+                trainer._load_from_checkpoint(str(resume_from))
+                trainer.state = TrainerState.load_from_json(str(resume_from / "trainer_state.json"))
+            else:
+                trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         except NonFiniteError as err:
             raise TrainingHalted(str(err)) from None
         finally:

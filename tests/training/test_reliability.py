@@ -283,3 +283,31 @@ def test_a_full_disk_while_saving_model_dir_changes_nothing(tmp_path):
         save_model_dir(model, FullDisk(), target)
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left
+
+
+@pytest.mark.parametrize("kill_at", ["published:checkpoint-4", "published:model", "retired:model"])
+def test_a_kill_inside_a_publish_is_repaired_on_resume(tmp_path, kill_at):
+    """A fault hook kills the run (no clean-up) at a step of publishing checkpoint-4 or model/; resume
+    leaves exactly one complete copy, which loads, and a history with every step once."""
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tmp_path / "run"
+    args = ("train.max_steps=4", "train.save_steps=2")
+    if kill_at.startswith("retired"):  # model/ must already exist to be moved aside: an interrupted first save
+        first = _run(run_dir, *args, env={"GRPO_EXP_TEST_KILL_AT": "published:model"})
+        assert first.returncode == 137
+    proc = _run(run_dir, *args, *(["resume=true"] if kill_at.startswith("retired") else []),
+                env={"GRPO_EXP_TEST_KILL_AT": kill_at})
+    assert proc.returncode == 137, proc.stderr[-2000:]
+    assert not (run_dir / "metrics.json").exists()
+    done = _run(run_dir, *args, "resume=true")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "completed"
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert "model" in names and not [n for n in names if n.endswith(".retired") or n.startswith("model.tmp")]
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert ckpts == ["checkpoint-2", "checkpoint-4"], ckpts
+    AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "checkpoint-4")
+    steps = [r["step"] for r in read_jsonl(run_dir / "history.jsonl")]
+    assert steps == [1, 2, 3, 4]
