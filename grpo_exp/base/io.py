@@ -12,10 +12,6 @@ from typing import Callable
 
 from grpo_exp.base.errors import ConfigError, DiskFullError
 
-# Below this much free space a failed write is reported as a full disk.
-LOW_DISK_BYTES = 64 * 2**20
-
-
 def write_json(path: str | Path, data) -> None:
     """Write to a temporary file beside `path`, then rename: readers never see half a file."""
     path = Path(path)
@@ -31,17 +27,25 @@ def write_json(path: str | Path, data) -> None:
         raise
 
 
-def disk_full_reason(err: BaseException, target: str | Path) -> str | None:
-    """One line saying that writing `target` failed because its disk is full, else None.
+def disk_full_reason(err: BaseException, target: str | Path, needed_bytes: int) -> str | None:
+    """One line saying that writing `target` failed because its disk is full, else None (the caller then
+    keeps the original error).
 
-    torch.save reports a full disk only as "unexpected pos", with no errno, so the free space is
-    checked too. Call it before cleaning up the partial write, which frees space again."""
+    Full means errno ENOSPC, or a failed write with less free space left than the `needed_bytes` it was
+    writing: torch.save reports a full disk only as "unexpected pos", with no errno. Call it before
+    cleaning up the partial write, which frees space again."""
     target = Path(target)
     probe = next((p for p in (target, *target.parents) if p.exists()), Path(os.sep))
     free = shutil.disk_usage(probe).free
-    if getattr(err, "errno", None) != errno.ENOSPC and free >= LOW_DISK_BYTES:
+    if getattr(err, "errno", None) != errno.ENOSPC and free >= needed_bytes:
         return None
-    return f"{target.name} not written: the disk holding {probe} is full ({free // 2**20} MB free)"
+    return (f"{target.name} not written: the disk holding {probe} is full ({free // 2**20} MB free, "
+            f"about {needed_bytes // 2**20} MB needed)")
+
+
+def state_bytes(model) -> int:
+    """Bytes of a model's parameters and buffers: what saving its weights writes."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
 RETIRED_SUFFIX = ".retired"
@@ -105,7 +109,7 @@ def save_model_dir(model, tokenizer, target: str | Path, keep_existing: bool = F
             return target
         publish_dir(tmp, target)
     except BaseException as err:
-        full = disk_full_reason(err, target) if isinstance(err, Exception) else None
+        full = disk_full_reason(err, target, state_bytes(model)) if isinstance(err, Exception) else None
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise DiskFullError(f"{full}; nothing at {target} was changed") from err

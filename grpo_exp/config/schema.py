@@ -370,6 +370,8 @@ class RunConfig:
     init_from: Optional[str] = None
     # false, true (continue the run in paths.output_dir = hydra.run.dir) or the run directory to continue
     resume: Any = False
+    # resume even where the training settings differ from the run's first start (named in a warning)
+    resume_allow_changes: bool = False
     # a NaN/inf loss or reward: stop (keeping the last checkpoint) or skip that batch's update
     on_nonfinite: str = "stop"
     # rows of prompts/completions/rewards kept in completions.jsonl, every `completions_every` steps

@@ -84,7 +84,8 @@ def checkpoint_step(checkpoint: Path) -> int:
 
 def truncate_jsonl(path: Path, max_step: int) -> int:
     """Keep the rows of steps <= max_step (later ones are redone after resuming); returns rows kept."""
-    rows = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
+    # tolerant: a kill can cut the last line short while it is being appended
+    rows = [r for r in read_jsonl(path, tolerant=True) if r.get("step", 0) <= max_step]
     if path.exists():
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -27,6 +27,7 @@ from grpo_exp.config.checks import validate
 from grpo_exp.config.schema import generation_batch
 from grpo_exp.core import data, models, rewards
 from grpo_exp.training import checkpoints, ewc
+from grpo_exp.training.run_dir import RunLock, record_or_compare
 from grpo_exp.training.trainer import GracefulStop, NonFiniteError, build_trainer, completions_per_step
 
 logger = log.get_logger(__name__)
@@ -98,6 +99,14 @@ def train(cfg, step_offset: int = 0) -> dict:
     models.check_available(cfg.model, cfg.paths.cache_dir)
     run_dir = Path(cfg.paths.output_dir)
     ensure_writable(run_dir)
+    lock = RunLock(run_dir).acquire()  # a second run on this directory fails here, naming this one's PID
+    try:
+        return _train_locked(cfg, run_dir, step_offset)
+    finally:
+        lock.release()
+
+
+def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
     if cfg.resume:
         for repaired in checkpoints.repair(run_dir):  # a kill may have cut a save short
             logger.info(repaired)
@@ -105,6 +114,7 @@ def train(cfg, step_offset: int = 0) -> dict:
         if finished is not None:
             logger.info("%s already finished stage %s; not retrained", run_dir, finished.get("stage"))
             return finished
+    record_or_compare(cfg, run_dir)  # resume=true trains what the run was started with, or says what differs
     resume_from = _prepare_resume(run_dir) if cfg.resume else None
     started = time.time()
     reset_peak_rss()  # this stage's peak, not the process's (sweep jobs share one process)

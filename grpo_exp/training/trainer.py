@@ -19,11 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import RepeatSampler
 
 from grpo_exp.base import log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
-from grpo_exp.base.io import disk_full_reason
+from grpo_exp.base.io import disk_full_reason, state_bytes
 from grpo_exp.training import checkpoints, shared_prefix
 
 logger = log.get_logger(__name__)
@@ -67,6 +68,22 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
         dataloader_num_workers=0,
         **kwargs,
     )
+
+
+class EpochSeededSampler(RepeatSampler):
+    """TRL's RepeatSampler with each epoch's shuffle seeded by (seed, epoch). TRL's carries one generator
+    across epochs, so a run resumed in epoch e drew epoch 0's order again and lost bit-exactness with an
+    uninterrupted run (the soak test in tests/training/test_reliability.py found it); HF calls set_epoch."""
+
+    epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.shuffle:
+            self.generator.manual_seed((self.seed or 0) + 1_000_003 * self.epoch)
+        return super().__iter__()
 
 
 class NonFiniteError(RuntimeError):
@@ -146,6 +163,11 @@ class GrpoExpTrainer(GRPOTrainer):
             entropies.append(scored[1])
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
+    def _get_train_sampler(self, dataset=None):
+        sampler = super()._get_train_sampler(dataset)
+        sampler.__class__ = EpochSeededSampler  # same fields; only the per-epoch seeding differs
+        return sampler
+
     def _prepare_inputs(self, generation_batch):
         """TRL's: a new generation round starts clean (its rewards may poison it again)."""
         if self.model.training:
@@ -182,7 +204,9 @@ class GrpoExpTrainer(GRPOTrainer):
             checkpoints.write_state(written, {**self.run_state, "global_step": self.state.global_step})
             checkpoints.publish(written, final)
         except Exception as err:
-            full = disk_full_reason(err, final)  # before the cleanup below frees the partial write's space
+            # before the cleanup below frees the partial write's space; a checkpoint holds the weights and
+            # AdamW's two moments, about three times the model
+            full = disk_full_reason(err, final, 3 * state_bytes(self.model))
             if full:
                 raise DiskFullError(f"{full}; the last complete checkpoint is kept") from err
             raise

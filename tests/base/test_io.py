@@ -59,3 +59,22 @@ def test_read_jsonl_strict_and_tolerant(tmp_path):
         io.read_jsonl(path)
     assert io.read_jsonl(path, tolerant=True) == [{"step": 1}, {"step": 2}]
     assert io.read_jsonl(tmp_path / "missing.jsonl") == []
+
+
+class _Disk:
+    def __init__(self, free):
+        self.free = free
+
+
+@pytest.mark.parametrize("err,free,needed,full", [
+    (OSError(28, "No space left on device"), 10 * 2**30, 2**20, True),  # ENOSPC: full, whatever df says
+    (RuntimeError("unexpected pos 1756446336 vs 1756446228"), 2**20, 2**30, True),  # torch's own words
+    (PermissionError(13, "Permission denied"), 2**20, 2**10, False),  # 1 MB free is enough for this write: not why it failed
+    (RuntimeError("unexpected pos 1 vs 2"), 10 * 2**30, 2**30, False),  # plenty of room: not a full disk
+])
+def test_a_save_error_is_a_full_disk_only_when_it_is_one(tmp_path, monkeypatch, err, free, needed, full):
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: _Disk(free))
+    reason = io.disk_full_reason(err, tmp_path / "checkpoint-4", needed)
+    assert (reason is not None) == full
+    if full:
+        assert "checkpoint-4 not written: the disk holding" in reason and "\n" not in reason

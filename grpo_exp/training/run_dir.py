@@ -1,0 +1,98 @@
+"""Guards on a run directory: one run at a time (an advisory lock), and a resume that trains what the
+run was started with (its training settings are recorded at the first start and compared on resume)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from grpo_exp.base import log
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.base.io import write_json
+
+logger = log.get_logger(__name__)
+LOCK_FILE = ".lock"
+SETTINGS_FILE = "training_settings.json"
+# May differ on resume: how the run is executed, logged, evaluated or checkpointed, not what it trains.
+FREE_ON_RESUME = ("cpu.", "logger.", "paths.", "eval.", "curriculum.eval_", "resume", "log_level", "task_name",
+                  "completions_every", "train.save_steps", "train.save_total_limit", "train.logging_steps")
+
+
+class RunLock:
+    """An flock on <run dir>/.lock holding the owner's PID. The kernel drops it when the owner dies, so
+    a lock left by a dead process is simply taken over (with a warning naming that PID)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fh = None
+
+    def acquire(self) -> "RunLock":
+        fh = open(self.path, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise ConfigError(f"run directory {self.path.parent} is in use by another run (PID {holder}); "
+                              f"wait for it or choose another hydra.run.dir") from None
+        fh.seek(0)
+        previous = fh.read().strip()
+        if previous and previous != str(os.getpid()):
+            logger.warning("took over the lock of %s left by PID %s, which is no longer running",
+                           self.path.parent, previous)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.seek(0)
+            self._fh.truncate()
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None
+
+
+def training_settings(cfg: Any) -> dict[str, Any]:
+    """The resolved config, flattened to dotted keys, without the keys that may change on resume."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return {k: v for k, v in flat.items() if not k.startswith(FREE_ON_RESUME)}
+
+
+def record_or_compare(cfg: Any, run_dir: Path) -> None:
+    """First start: record the training settings. Resume: refuse changed ones, naming each key, unless
+    resume_allow_changes=true."""
+    path = Path(run_dir) / SETTINGS_FILE
+    now = training_settings(cfg)
+    if not cfg.resume or not path.is_file():
+        write_json(path, now)
+        return
+    then = json.loads(path.read_text())
+    changed = [f"{k} ({then.get(k, '<unset>')!r} -> {now.get(k, '<unset>')!r})"
+               for k in sorted(set(then) | set(now)) if then.get(k) != now.get(k)]
+    if not changed:
+        return
+    if cfg.get("resume_allow_changes"):
+        logger.warning("resuming with changed training settings (resume_allow_changes=true): %s", "; ".join(changed))
+        write_json(path, now)
+        return
+    raise ConfigError(f"resume would train other settings than {run_dir} was started with: {'; '.join(changed)}; "
+                      f"resume with the run's own settings, or add resume_allow_changes=true")
