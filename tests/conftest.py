@@ -33,3 +33,15 @@ def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = N
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run where CUDA is; elsewhere they are skipped with the reason."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine (run them on one: pytest -m gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

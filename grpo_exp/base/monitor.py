@@ -138,6 +138,7 @@ class MonitorCallback(TrainerCallback):
         row["peak_rss_mb"] = round(max(self.sampler.max_rss_mb, peak_rss_mb()), 1)
         cores = self.sampler.take_cpu_percent()
         row["cpu_percent_mean"] = round(sum(cores) / max(len(cores), 1), 1)
+        row.update(gpu_memory_mb())
         row.update({f"cpu_percent/core{i}": v for i, v in enumerate(cores)})
         row["time"] = time.time()
         self.rows.append(row)
@@ -150,6 +151,17 @@ class MonitorCallback(TrainerCallback):
     def summary(self, reward_names: list[str]) -> dict:
         return summarize(self.rows, self.step_times, self.completion_tokens, reward_names,
                          max(self.sampler.max_rss_mb, peak_rss_mb()))
+
+
+def gpu_memory_mb() -> dict:
+    """GPU memory of this process where training runs on CUDA (allocated now and at its peak), else {}."""
+    import sys
+
+    torch = sys.modules.get("torch")  # loaded by then wherever a GPU is in use; never imported just for this
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"gpu_mem_mb": round(torch.cuda.memory_allocated() / 2**20, 1),
+            "gpu_peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)}
 
 
 def _jsonable(value) -> bool:

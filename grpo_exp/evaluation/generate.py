@@ -30,6 +30,14 @@ def model_size_mb(model: torch.nn.Module) -> float:
 
 
 @torch.no_grad()
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are (HF models say so; a plain module is asked through a parameter)."""
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
 def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
                          do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
                          desc: str = "generating") -> tuple[list[str], list[int], float, int]:
@@ -46,7 +54,7 @@ def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new
     for start in tqdm(range(0, len(prompts), batch_size), desc=desc, leave=False):
         batch = prompts[start:start + batch_size]
         enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True, padding=True)
+                                            return_dict=True, padding=True).to(model_device(model))
         # use_cache: training with gradient checkpointing turns the KV cache off in the model config.
         kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "use_cache": True}
         if do_sample:

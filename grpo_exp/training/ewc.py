@@ -54,7 +54,7 @@ def fisher_from_sequences(model, sequences: list[tuple[torch.Tensor, int]], incl
         if ids.shape[1] <= prompt_len:
             continue  # an empty completion has no log-likelihood to differentiate
         model.zero_grad(set_to_none=True)
-        sequence_logprob(model, ids, prompt_len).backward()
+        sequence_logprob(model, ids.to(model.device), prompt_len).backward()
         for name, p in params.items():
             if p.grad is not None:
                 fisher[name] += p.grad.detach().float() ** 2
@@ -77,7 +77,7 @@ def sample_sequences(model, tokenizer, prompts: list[list[dict]], *, max_new_tok
     for start in tqdm(range(0, len(prompts), batch_size), desc="fisher samples", leave=False):
         batch = prompts[start:start + batch_size]
         enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True, padding=True)
+                                            return_dict=True, padding=True).to(model.device)
         torch.manual_seed(seed + start)
         gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
                              top_p=1.0, top_k=0, pad_token_id=tokenizer.pad_token_id)
@@ -87,7 +87,7 @@ def sample_sequences(model, tokenizer, prompts: list[list[dict]], *, max_new_tok
             completion = row[width:].tolist()
             eos = next((i + 1 for i, t in enumerate(completion) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)),
                        len(completion))
-            ids = torch.cat([prompt, torch.tensor(completion[:eos], dtype=row.dtype)]).unsqueeze(0)
+            ids = torch.cat([prompt, torch.tensor(completion[:eos], dtype=row.dtype, device=row.device)]).unsqueeze(0)
             out_seqs.append((ids, len(prompt)))
     model.train(was_training)
     return out_seqs
@@ -104,11 +104,16 @@ class EwcState:
 
     def consolidate(self, new_fisher: dict[str, torch.Tensor], new_anchor: dict[str, torch.Tensor], gamma: float,
                     stage: str) -> "EwcState":
-        """Online EWC: F <- gamma * F_old + F_new; the anchor moves to the newest stage's parameters."""
-        fisher = {name: gamma * self.fisher[name] + f if name in self.fisher else f.clone()
-                  for name, f in new_fisher.items()}
-        return EwcState(fisher, {k: v.clone() for k, v in new_anchor.items()}, [*self.stages, stage],
-                        {**self.meta, "gamma": gamma})
+        """Online EWC: F <- gamma * F_old + F_new; the anchor moves to the newest stage's parameters.
+
+        A parameter the new Fisher lacks (another include_embeddings setting, say) keeps its decayed old
+        entry and its old anchor: what an earlier stage protected stays protected."""
+        fisher = {name: gamma * old for name, old in self.fisher.items() if name not in new_fisher}
+        anchor = {name: self.anchor[name].clone() for name in fisher}
+        for name, f in new_fisher.items():
+            fisher[name] = gamma * self.fisher[name] + f if name in self.fisher else f.clone()
+            anchor[name] = new_anchor[name].clone()
+        return EwcState(fisher, anchor, [*self.stages, stage], {**self.meta, "gamma": gamma})
 
     def check_finite(self) -> None:
         bad = [f"{kind}.{name}" for kind, tensors in (("fisher", self.fisher), ("anchor", self.anchor))
@@ -122,8 +127,8 @@ class EwcState:
         self.check_finite()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tensors = {f"fisher.{k}": v.contiguous() for k, v in self.fisher.items()}
-        tensors.update({f"anchor.{k}": v.contiguous() for k, v in self.anchor.items()})
+        tensors = {f"fisher.{k}": v.detach().cpu().contiguous() for k, v in self.fisher.items()}
+        tensors.update({f"anchor.{k}": v.detach().cpu().contiguous() for k, v in self.anchor.items()})
         path = directory / FISHER_FILE
         tmp = path.with_suffix(".tmp")
         save_file(tensors, str(tmp), metadata={"stages": json.dumps(self.stages), "meta": json.dumps(self.meta)})

@@ -37,7 +37,7 @@ STEP_METRIC = "train/global_step"
 COMPLETIONS_TABLE_ROWS = 500
 # Monitor row keys logged under resources/ (plus cpu_percent/core<i>).
 RESOURCE_KEYS = ("rss_mb", "peak_rss_mb", "cpu_percent_mean", "step_time_s", "completion_tokens",
-                 "completion_tokens_per_s")
+                 "completion_tokens_per_s", "gpu_mem_mb", "gpu_peak_mem_mb")
 # HF's end-of-training figures: run summary values, not points of a chart.
 _SUMMARY_ONLY = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
 

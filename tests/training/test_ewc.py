@@ -103,6 +103,16 @@ def test_online_consolidation_and_save_load(tmp_path, tiny):
     assert loaded.stages == merged.stages
 
 
+def test_online_ewc_keeps_an_entry_the_new_fisher_lacks():
+    old = ewc.EwcState({"a": torch.full((2,), 4.0), "b": torch.full((2,), 2.0)},
+                       {"a": torch.zeros(2), "b": torch.ones(2)}, ["basic"])
+    new = old.consolidate({"a": torch.full((2,), 1.0)}, {"a": torch.full((2,), 5.0)}, gamma=0.5, stage="intermediate")
+    assert torch.equal(new.fisher["a"], torch.full((2,), 3.0)) and torch.equal(new.anchor["a"], torch.full((2,), 5.0))
+    # "b" is not in the new estimate: its decayed Fisher and its old anchor stay
+    assert torch.equal(new.fisher["b"], torch.full((2,), 1.0)) and torch.equal(new.anchor["b"], torch.ones(2))
+    assert new.stages == ["basic", "intermediate"]
+
+
 def test_non_finite_fisher_is_refused_and_names_the_tensor(tmp_path, tiny):
     model, _ = tiny
     state = _state_for(model)
