@@ -107,12 +107,14 @@ class EwcState:
         """Online EWC: F <- gamma * F_old + F_new; the anchor moves to the newest stage's parameters.
 
         A parameter the new Fisher lacks (another include_embeddings setting, say) keeps its decayed old
-        entry and its old anchor: what an earlier stage protected stays protected."""
+        entry and its old anchor: what an earlier stage protected stays protected. The state lives on the
+        CPU (the penalty moves it to the parameters' device once), whichever device estimated the Fisher."""
         fisher = {name: gamma * old for name, old in self.fisher.items() if name not in new_fisher}
         anchor = {name: self.anchor[name].clone() for name in fisher}
         for name, f in new_fisher.items():
-            fisher[name] = gamma * self.fisher[name] + f if name in self.fisher else f.clone()
-            anchor[name] = new_anchor[name].clone()
+            f = f.detach().cpu()
+            fisher[name] = gamma * self.fisher[name].cpu() + f if name in self.fisher else f.clone()
+            anchor[name] = new_anchor[name].detach().cpu().clone()
         return EwcState(fisher, anchor, [*self.stages, stage], {**self.meta, "gamma": gamma})
 
     def check_finite(self) -> None:

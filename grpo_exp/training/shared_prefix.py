@@ -60,8 +60,8 @@ def group_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[tor
     """Indices of one row per distinct (prompt, mask) and, for every row, which distinct prompt it holds."""
     keys = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
     _, inverse = torch.unique(keys, dim=0, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), keys.size(0), dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(keys.size(0)), reduce="amin")
+    first = torch.full((int(inverse.max()) + 1,), keys.size(0), dtype=torch.long, device=keys.device)
+    first.scatter_reduce_(0, inverse, torch.arange(keys.size(0), device=keys.device), reduce="amin")
     return first, inverse
 
 

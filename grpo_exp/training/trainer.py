@@ -7,6 +7,7 @@ sample of prompts, completions and rewards in the run directory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -49,7 +50,8 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
     kwargs = {k: v for k, v in values.items() if k not in _NOT_GRPO_FIELDS}
     # transformers 5 renamed gradient_checkpointing; passing the new name avoids a deprecation warning,
     # and TRL's own default (True) would otherwise slow a small CPU model by ~20%.
-    kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
+    if "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:  # older releases lack it
+        kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
     kwargs.update(extra)
     # transformers only allows bf16 autocast on the CPU when told the run is CPU-only.
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())

@@ -65,9 +65,19 @@ def to_dataset(examples: list[dict], system_prompt: str) -> "datasets.Dataset":
         "question": string,
         "level": string,
     })
-    return datasets.Dataset.from_dict({
+    columns = {
         "prompt": [to_messages(ex["question"], system_prompt) for ex in examples],
         "answer": [str(ex["answer"]) for ex in examples],
         "question": [ex["question"] for ex in examples],
         "level": [ex["level"] for ex in examples],
-    }, features=features)
+    }
+    # The fingerprint is a hash of the content, given up front: `from_dict` would pickle the Arrow table
+    # with dill to make one, which fails on some pyarrow/Python pairs (seen on Python 3.12, pyarrow 26).
+    import hashlib
+    import json
+
+    from datasets.table import InMemoryTable
+
+    fingerprint = hashlib.sha256(json.dumps(columns, sort_keys=True).encode()).hexdigest()[:16]
+    table = InMemoryTable.from_pydict(features.encode_batch(columns), schema=features.arrow_schema)
+    return datasets.Dataset(table, info=datasets.DatasetInfo(features=features), fingerprint=fingerprint)
