@@ -9,7 +9,7 @@
 
 Variants, each in its own subprocess (so its peak RSS, the child's ru_maxrss, is its own):
   baseline  a plain `trl.GRPOTrainer` built from `trl.GRPOConfig` with TRL's defaults as the older CPU tools run
-            it: fp32 (bf16=False, use_cpu=True), TRL's default gradient checkpointing left on; the GRPO settings
+            it: fp32 (bf16=False; on the CPU, or the GPU where there is one), TRL's default gradient checkpointing left on; the GRPO settings
             (lr and its schedule, num_generations, batch and generation rounds, max_completion_length, seed, beta, loss_type, sampling,
             clipping) copied from the composed grpo-exp config, so only the performance settings differ.
   grpo-exp  `grpo_exp.training.stage.prepare` + `grpo_exp.training.trainer.build_trainer` (what training runs) from conf/train.yaml composed with the same overrides (+ --override).
@@ -371,13 +371,15 @@ def compose(overrides: list[str], output_dir: Path):
 
 
 def plain_trl_config(train, output_dir: Path, reward_weights: list[float], max_steps: int):
-    """GRPOConfig as a plain user writes it: TRL's defaults, fp32 on the CPU, the GRPO settings of the run."""
+    """GRPOConfig as a plain user writes it: TRL's defaults, fp32 (on the GPU where there is one, else the
+    CPU), the GRPO settings of the run."""
+    import torch
     from trl import GRPOConfig
 
     return GRPOConfig(
         output_dir=str(output_dir),
         bf16=False,
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),  # on a GPU machine the baseline runs on the GPU too
         # gradient checkpointing: TRL's default (on), as a plain user gets it
         per_device_train_batch_size=train.per_device_train_batch_size,
         gradient_accumulation_steps=train.gradient_accumulation_steps,
