@@ -57,16 +57,22 @@ def resolve_checkpoint(checkpoint: str | None) -> Path | None:
                       f"and *.safetensors weights); give the run directory of a finished training run")
 
 
-def run_model_name(path: str | Path | None) -> str | None:
-    """The model option a training run started from (its .hydra/config.yaml), for a run dir or its model/."""
+def run_config(path: str | Path | None) -> tuple[DictConfig, Path] | None:
+    """(config, its file) a training run was started with (.hydra/config.yaml), for a run dir or its model/."""
     if not path:
         return None
     path = Path(path)
     for saved in (path / ".hydra" / "config.yaml", path.parent / ".hydra" / "config.yaml"):
         if saved.is_file():
-            name = OmegaConf.select(OmegaConf.load(saved), "model.name")
-            return str(name) if name else None
+            return OmegaConf.load(saved), saved
     return None
+
+
+def run_model_name(path: str | Path | None) -> str | None:
+    """The model option a training run started from, for a run dir or its model/."""
+    found = run_config(path)
+    name = OmegaConf.select(found[0], "model.name") if found else None
+    return str(name) if name else None
 
 
 def set_names(cfg) -> list[str]:
@@ -162,18 +168,13 @@ def held_out_split(stage, limit: int, seed: int, name: str | None = None) -> lis
 
 
 def recorded_data_settings(model_dir: Path | None) -> dict | None:
-    """The data seed and stage of the training run a checkpoint came from (its .hydra/config.yaml),
-    so the checkpoint is scored on the split that run held out; None for a base model or a bare dir."""
-    if model_dir is None:
+    """The data seed and stage of the training run a checkpoint came from, so the checkpoint is scored
+    on the split that run held out; None for a base model or a bare model directory."""
+    found = run_config(model_dir)
+    seed = OmegaConf.select(found[0], "train.seed") if found else None
+    if seed is None:
         return None
-    for saved in (model_dir / ".hydra" / "config.yaml", model_dir.parent / ".hydra" / "config.yaml"):
-        if saved.is_file():
-            run_cfg = OmegaConf.load(saved)
-            seed = OmegaConf.select(run_cfg, "train.seed")
-            if seed is None:
-                return None
-            return {"seed": int(seed), "stage": OmegaConf.select(run_cfg, "stage"), "source": str(saved)}
-    return None
+    return {"seed": int(seed), "stage": OmegaConf.select(found[0], "stage"), "source": str(found[1])}
 
 
 def use_recorded_split(cfg, model_dir: Path | None) -> str:
