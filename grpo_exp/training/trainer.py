@@ -92,8 +92,6 @@ class NonFiniteError(RuntimeError):
     """A loss or reward was NaN/inf; training stops before the bad update and keeps the last checkpoint."""
 
 
-NONFINITE_POLICIES = ("stop", "skip")
-
 
 class GrpoExpTrainer(GRPOTrainer):
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
