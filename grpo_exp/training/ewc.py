@@ -1,9 +1,14 @@
 """Elastic weight consolidation: a diagonal Fisher estimated from the policy's own samples, its
 online accumulation across stages, and the quadratic penalty added to the GRPO loss.
 
-F_i = E_{x ~ prompts, y ~ pi(.|x)} [ (d/d theta_i log pi(y|x))^2 ], estimated one sequence at a time
+F_i = E_{x ~ prompts, y ~ pi_T(.|x)} [ (d/d theta_i log pi_T(y|x))^2 ], estimated one sequence at a time
 (the gradient of each sequence's completion log-likelihood is squared before averaging; squaring a
 batch gradient would give a different, smaller quantity).
+
+pi_T is the policy at the training temperature T (softmax of logits / T): the distribution GRPO samples
+from and whose log-probabilities TRL's loss uses. Sampling at T but differentiating the untempered
+log pi would mix two distributions: the score would no longer have zero mean under the samples, and the
+estimate would not be the Fisher of either.
 """
 
 from __future__ import annotations
@@ -32,16 +37,17 @@ def fisher_parameters(model: torch.nn.Module, include_embeddings: bool) -> dict[
             if p.requires_grad and (include_embeddings or not is_embedding(name))}
 
 
-def sequence_logprob(model, input_ids: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """Sum of log pi(y_t | x, y_<t) over the completion tokens of one unpadded sequence."""
-    logits = model(input_ids=input_ids).logits[:, prompt_len - 1:-1].float()
+def sequence_logprob(model, input_ids: torch.Tensor, prompt_len: int, temperature: float = 1.0) -> torch.Tensor:
+    """Sum of log pi_T(y_t | x, y_<t) over the completion tokens of one unpadded sequence."""
+    logits = model(input_ids=input_ids).logits[:, prompt_len - 1:-1].float() / temperature
     targets = input_ids[:, prompt_len:]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).sum()
 
 
 def fisher_from_sequences(model, sequences: list[tuple[torch.Tensor, int]], include_embeddings: bool = False,
-                          progress: bool = True) -> dict[str, torch.Tensor]:
-    """Average of squared per-sequence gradients of the completion log-likelihood.
+                          progress: bool = True, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+    """Average of squared per-sequence gradients of the completion log-likelihood at `temperature`
+    (the one the sequences were sampled at).
 
     `sequences` holds (1 x T token ids, prompt length) pairs with no padding.
     """
@@ -54,7 +60,7 @@ def fisher_from_sequences(model, sequences: list[tuple[torch.Tensor, int]], incl
         if ids.shape[1] <= prompt_len:
             continue  # an empty completion has no log-likelihood to differentiate
         model.zero_grad(set_to_none=True)
-        sequence_logprob(model, ids.to(model.device), prompt_len).backward()
+        sequence_logprob(model, ids.to(model.device), prompt_len, temperature).backward()
         for name, p in params.items():
             if p.grad is not None:
                 fisher[name] += p.grad.detach().float() ** 2
@@ -202,7 +208,7 @@ def estimate(model, tokenizer, prompts: list[list[dict]], *, samples: int, max_n
     chosen = prompts[:samples] if len(prompts) >= samples else [prompts[i % len(prompts)] for i in range(samples)]
     sequences = sample_sequences(model, tokenizer, chosen, max_new_tokens=max_new_tokens, temperature=temperature,
                                  batch_size=batch_size, seed=seed)
-    fisher = fisher_from_sequences(model, sequences, include_embeddings)
+    fisher = fisher_from_sequences(model, sequences, include_embeddings, temperature=temperature)
     bad = [name for name, f in fisher.items() if not torch.isfinite(f).all()]
     if bad:
         raise ValueError(f"Fisher estimate is non-finite in {', '.join(bad[:5])}; not saved")

@@ -20,15 +20,19 @@ def tiny(tmp_path_factory):
     return model, tokenizer
 
 
-def _sequences(tokenizer, model):
+def _sequences(tokenizer, model, temperature=1.0):
     prompts = [[{"role": "user", "content": f"What is {a} + {b}?"}] for a, b in [(1, 2), (30, 4), (7, 75)]]
-    return ewc.sample_sequences(model, tokenizer, prompts, max_new_tokens=6, temperature=1.0, batch_size=2, seed=3)
+    return ewc.sample_sequences(model, tokenizer, prompts, max_new_tokens=6, temperature=temperature, batch_size=2,
+                                seed=3)
 
 
-def test_fisher_matches_brute_force(tiny):
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_fisher_matches_brute_force(tiny, temperature):
+    """At T != 1 the samples come from pi_T, and the gradient is of log pi_T (logits / T): one distribution."""
     model, tokenizer = tiny
-    sequences = _sequences(tokenizer, model)
-    fisher = ewc.fisher_from_sequences(model, sequences, include_embeddings=True, progress=False)
+    sequences = _sequences(tokenizer, model, temperature)
+    fisher = ewc.fisher_from_sequences(model, sequences, include_embeddings=True, progress=False,
+                                       temperature=temperature)
 
     # Brute force, independently: log-softmax by hand, torch.autograd.grad per sequence.
     params = dict(model.named_parameters())
@@ -37,7 +41,7 @@ def test_fisher_matches_brute_force(tiny):
         logits = model(input_ids=ids).logits[0]
         logp = 0.0
         for t in range(prompt_len, ids.shape[1]):
-            logp = logp + logits[t - 1].log_softmax(-1)[ids[0, t]]
+            logp = logp + (logits[t - 1] / temperature).log_softmax(-1)[ids[0, t]]
         grads = torch.autograd.grad(logp, list(params.values()), allow_unused=True)
         for (name, _), g in zip(params.items(), grads):
             if g is not None:
@@ -47,6 +51,26 @@ def test_fisher_matches_brute_force(tiny):
 
     values = torch.cat([f.flatten() for f in fisher.values()])
     assert (values >= 0).all() and values.std() > 0 and values.max() > 0
+    if temperature != 1.0:  # the untempered gradient is a different quantity: the test can tell them apart
+        untempered = ewc.fisher_from_sequences(model, sequences, include_embeddings=True, progress=False)
+        assert any(not torch.allclose(untempered[n], fisher[n], rtol=1e-3) for n in fisher)
+
+
+def test_estimate_differentiates_at_the_sampling_temperature(tiny, monkeypatch):
+    """ewc.estimate passes its temperature to both the sampler and the gradient."""
+    model, tokenizer = tiny
+    seen = {}
+    real = ewc.fisher_from_sequences
+
+    def spy(model, sequences, include_embeddings=False, progress=True, temperature=1.0):
+        seen["temperature"] = temperature
+        return real(model, sequences, include_embeddings, progress=False, temperature=temperature)
+
+    monkeypatch.setattr(ewc, "fisher_from_sequences", spy)
+    prompts = [[{"role": "user", "content": "What is 1 + 2?"}]]
+    ewc.estimate(model, tokenizer, prompts, samples=2, max_new_tokens=4, temperature=0.7, batch_size=2, seed=0,
+                 include_embeddings=False)
+    assert seen["temperature"] == 0.7
 
 
 def test_embeddings_can_be_left_out(tiny):
