@@ -14,6 +14,9 @@ hooks the trainer; `finish(tracker, metrics_or_None, failed)` is always called.
 - Logged: TRL's GRPO metrics under `train/` (through HF's WandbCallback, so also `ewc_penalty`),
   the psutil figures of each log line under `resources/`, evaluation results and a sample of
   completions as Tables; the summary holds metrics.json's values.
+
+`logger=trackio` (grpo_exp.training.trackio_tracking) keeps the same contract and reuses this
+module's run identity, config, resource and table helpers.
 """
 
 from __future__ import annotations
@@ -156,6 +159,7 @@ class Tracker:
     step_offset: int = 0
     mode: str = "offline"
     callbacks: list = field(default_factory=list)
+    report_to = "wandb"  # the HF/TRL integration name (TrainingArguments.report_to); not a field
 
     def attach(self, trainer, monitor=None) -> None:
         """Swap HF's WandbCallback (added by report_to=["wandb"]) for one on the cumulative step axis
@@ -286,21 +290,40 @@ def flat_scalars(data: dict, prefix: str = "") -> dict:
 
 
 def eval_table(evaluation):
-    sets = eval_sets(evaluation)
-    if not sets:
+    rows = eval_rows(evaluation)
+    if rows is None:
         return None
     import wandb
 
+    return wandb.Table(columns=rows[0], data=rows[1])
+
+
+def eval_rows(evaluation) -> tuple[list[str], list[list]] | None:
+    """(columns, rows) of the evaluation results: one row per held-out set; None without any."""
+    sets = eval_sets(evaluation)
+    if not sets:
+        return None
     columns = []
     for metrics in sets.values():
         for key, value in metrics.items():
             if isinstance(value, (int, float, str, bool)) and key not in columns:
                 columns.append(key)
     rows = [[name] + [_cell(metrics.get(c)) for c in columns] for name, metrics in sets.items()]
-    return wandb.Table(columns=["set", *columns], data=rows)
+    return ["set", *columns], rows
 
 
 def completions_table(path: Path, step_offset: int = 0, limit: int = COMPLETIONS_TABLE_ROWS):
+    rows = completions_rows(path, step_offset, limit)
+    if rows is None:
+        return None
+    import wandb
+
+    return wandb.Table(columns=rows[0], data=rows[1])
+
+
+def completions_rows(path: Path, step_offset: int = 0,
+                     limit: int = COMPLETIONS_TABLE_ROWS) -> tuple[list[str], list[list]] | None:
+    """(columns, rows) of the last `limit` sampled completions in completions.jsonl; None without any."""
     from grpo_exp.base.io import read_jsonl
 
     try:
@@ -309,14 +332,12 @@ def completions_table(path: Path, step_offset: int = 0, limit: int = COMPLETIONS
         return None
     if not rows:
         return None
-    import wandb
-
     reward_names = list(dict.fromkeys(name for r in rows for name in (r.get("rewards") or {})))
     columns = ["global_step", "step", "prompt", "completion", *[f"reward/{n}" for n in reward_names], "advantage"]
     data = [[r.get("step", 0) + step_offset, r.get("step"), str(r.get("prompt", "")), str(r.get("completion", "")),
              *[_cell((r.get("rewards") or {}).get(n)) for n in reward_names], _cell(r.get("advantage"))]
             for r in rows]
-    return wandb.Table(columns=columns, data=data)
+    return columns, data
 
 
 def _cell(value):
