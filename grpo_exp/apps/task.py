@@ -6,6 +6,9 @@
 2. set up the CPU (OpenMP/MKL read their settings when torch loads, so before anything imports it);
 3. run the task and write `status.json` (and `error.txt` with the traceback when it fails);
 4. map errors to exit codes: bad input 2, a run that halted itself 3, anything else Hydra's own.
+
+Under a launcher that runs sweep jobs side by side (`hydra/launcher=joblib|submitit_local|ray`, see
+conf/hydra/launcher/), a job with cpu.threads=auto takes its share of the cores instead of all of them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +27,12 @@ from grpo_exp.base.io import write_json
 EXIT_BAD_INPUT = 2
 EXIT_HALTED = 3
 logger = log.get_logger(__name__)
+
+# conf/hydra/launcher/<plugin's name>.yaml spell out a launcher plugin's keys under the plugin's own name,
+# so Hydra 1.3 checks them against the plugin's schema of that name and says, at every composition and
+# in every worker, that this matching is deprecated. The files stand on their own without it. Set on
+# import, so that joblib/submitit/Ray workers (which import this module to unpickle the task) get it too.
+warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/\w+' is validated against ConfigStore schema")
 
 
 def report_config_error(err: BaseException) -> None:
@@ -59,6 +69,7 @@ def run_task(config_name: str, task: Callable[[Any], dict], check: Callable[[Any
         try:
             if multirun:  # a single run was checked before Hydra started
                 check(cfg)
+                share_cores(cfg, hydra_cfg)
             cpu.prepare_env(cfg.cpu)  # before anything loads torch: OpenMP reads its settings only then
             result = task(cfg)
         except (ConfigError, TrainingHalted) as err:
@@ -79,6 +90,41 @@ def run_task(config_name: str, task: Callable[[Any], dict], check: Callable[[Any
         return value
 
     main()
+
+
+def launcher_threads(launcher, cores: int) -> int | None:
+    """Threads one job may use when the Hydra launcher runs several jobs on the same cores, or None
+    when it runs them one at a time (basic) or leaves the cores to a scheduler.
+
+    joblib: n_jobs at once (joblib's convention: -1 every core, -2 all but one), cores // n_jobs each.
+    submitit: cpus_per_task (submitit_local starts every job at once and does not confine them; Slurm
+    confines a job to its cpus_per_task cores). Ray: the CPUs each job reserves, one by default."""
+    target = str(launcher.get("_target_", ""))
+    if target.endswith("JoblibLauncher"):
+        n_jobs = int(launcher.get("n_jobs") or 1)
+        running = n_jobs if n_jobs > 0 else cores + 1 + n_jobs
+        return max(1, cores // max(1, min(running, cores)))
+    if "hydra_submitit_launcher" in target:
+        cpus = launcher.get("cpus_per_task")
+        return min(int(cpus), cores) if cpus else None
+    if target.endswith("RayLauncher"):
+        remote = (launcher.get("ray") or {}).get("remote") or {}
+        return min(int(remote.get("num_cpus") or 1), cores)
+    return None
+
+
+def share_cores(cfg, hydra_cfg) -> None:
+    """cpu.threads=auto means every core; with several jobs on the same cores that oversubscribes them
+    (each spins its own OpenMP threads), so a job takes the share its launcher gives it."""
+    if str(cfg.cpu.threads) != "auto" or "launcher" not in hydra_cfg:
+        return
+    cores = cpu.resolve_threads("auto")
+    threads = launcher_threads(hydra_cfg.launcher, cores)
+    if threads is None or threads == cores:
+        return
+    cfg.cpu.threads = threads
+    logger.info("cpu.threads=auto: %d of %d cores for this job (%s runs jobs side by side; set cpu.threads to "
+                "choose)", threads, cores, str(hydra_cfg.launcher.get("_target_", "")).rsplit(".", 1)[-1])
 
 
 def record_status(hydra_cfg, status: str, started: float, err: BaseException | None = None, objective=None) -> None:

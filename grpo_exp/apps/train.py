@@ -17,7 +17,12 @@ def train_task(cfg) -> dict:
 
         from grpo_exp.training.curriculum import run_curriculum
 
-        return run_curriculum(cfg, list(HydraConfig.get().overrides.task))
+        overrides = list(HydraConfig.get().overrides.task)
+        if str(cfg.cpu.threads) != "auto":
+            # each stage composes its own config from the overrides, and the task wrapper may have set
+            # this job's threads itself (its share of the cores under a parallel launcher)
+            overrides.append(f"cpu.threads={cfg.cpu.threads}")
+        return run_curriculum(cfg, overrides)
     from grpo_exp.training.stage import train
 
     return train(cfg)

@@ -41,6 +41,60 @@ def check_group_choices(args: list[str], multirun: bool) -> None:
                 raise ConfigError(f"unknown {group} option '{choice}'; valid choices: {', '.join(group_options(group))}")
 
 
+LAUNCHER_GROUP = "hydra/launcher"
+LAUNCHER_EXTRA = "launchers"
+
+
+def launcher_options() -> list[str]:
+    """hydra/launcher choices: Hydra's `basic`, conf/hydra/launcher/*.yaml and installed plugins' own."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # imports the installed hydra_plugins packages, which register their configs
+    stored = {name.rsplit(".", 1)[0] for name in ConfigStore.instance().list(LAUNCHER_GROUP)}
+    files = {p.stem for p in (CONF_DIR / LAUNCHER_GROUP).glob("*.yaml")}
+    return sorted(stored | files | {"basic"})
+
+
+def _launcher_target(choice: str) -> str | None:
+    """The launcher class conf/hydra/launcher/<choice>.yaml names; None for Hydra's and plugins' own configs."""
+    path = CONF_DIR / LAUNCHER_GROUP / f"{choice}.yaml"
+    if not path.is_file():
+        return None
+    return OmegaConf.load(path).get("_target_") or None
+
+
+def check_launcher(args: list[str]) -> None:
+    """`hydra/launcher=<name>`: one line for an unknown launcher (Hydra's own error lists the options over
+    several lines) or for one whose plugin is not installed (Hydra would fail only once the sweep starts)."""
+    import importlib
+
+    choice = None
+    for arg in args:
+        parsed = _split_override(arg)
+        if parsed and parsed[0] == LAUNCHER_GROUP:
+            choice = parsed[1].strip()
+    if choice is None:
+        return
+    options = launcher_options()
+    if "," in choice:
+        raise ConfigError(f"{LAUNCHER_GROUP}={choice}: a sweep runs on one launcher; choose one of: {', '.join(options)}")
+    if choice not in options:
+        raise ConfigError(f"unknown {LAUNCHER_GROUP} option '{choice}'; valid choices: {', '.join(options)}")
+    target = _launcher_target(choice)
+    if not target:
+        return  # Hydra's basic launcher, or a plugin's own config (so its plugin is installed)
+    module = target.rsplit(".", 1)[0]
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        # hydra_plugins.hydra_joblib_launcher.* is distributed as hydra-joblib-launcher
+        parts = module.split(".")
+        plugin = parts[1].replace("_", "-") if len(parts) > 1 and parts[0] == "hydra_plugins" else module
+        raise ConfigError(f"{LAUNCHER_GROUP}={choice} needs the {plugin} plugin, which is not installed "
+                          f"({error_line(err)}); install it with: pip install -e '.[{LAUNCHER_EXTRA}]'") from None
+
+
 def compose(config_name: str, overrides: list[str] | None = None):
     """The config `python -m grpo_exp.<entrypoint> <overrides>` would get (config_name: train or evaluate),
     composed with Hydra's API, inside a running Hydra app or outside one."""
@@ -78,6 +132,7 @@ def check_overrides(config_name: str, args: list[str], validate: Callable | None
 
     multirun = any(a in ("-m", "--multirun") for a in args)
     check_group_choices(args, multirun)
+    check_launcher(args)
     if multirun or any(a.startswith("-") for a in args):
         return  # sweeps and Hydra flags are composed per job by Hydra itself
     overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
