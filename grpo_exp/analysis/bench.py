@@ -475,6 +475,9 @@ def child_main(spec_path: Path) -> int:
         "per_device_train_batch_size": a.per_device_train_batch_size,
         "max_completion_length": a.max_completion_length,
         "shared_prefix": bool(getattr(trainer, "share_prefixes", False)),
+        # peft=lora: the adapter rank and how many parameters train (the optimizer state scales with them)
+        "peft": f"lora r={cfg.peft.r}" if ours and cfg.peft.name == "lora" else "none",
+        "trainable_params": sum(p.numel() for p in parts.model.parameters() if p.requires_grad),
     }
     assert a.generation_batch_size == gen_batch, (a.generation_batch_size, gen_batch)
     trainer.train()
@@ -487,7 +490,8 @@ def child_main(spec_path: Path) -> int:
     settings_text = (f"{settings['precision']}, grad-ckpt {'on' if settings['gradient_checkpointing'] else 'off'}, "
                      f"gen batch {gen_batch}" + (f", cache {settings['cache_implementation']}"
                                                  if settings["cache_implementation"] else "")
-                     + (", shared prefix" if settings["shared_prefix"] else "") + f", {settings['threads']} thr")
+                     + (", shared prefix" if settings["shared_prefix"] else "")
+                     + (f", {settings['peft']}" if settings["peft"] != "none" else "") + f", {settings['threads']} thr")
     result = {
         "name": spec["name"], "kind": spec["kind"], "overrides": spec["overrides"], "settings": settings,
         "settings_text": settings_text, "prompts_per_step": spec["prompts_per_step"], "model": cfg.model.name,

@@ -43,11 +43,13 @@ def repair(run_dir: Path) -> list[str]:
     model/ are finished or undone. Returns what was done, one line each."""
     done = [f"removed an incomplete checkpoint left by a crash: {p.name}"
             for p in remove_staging(run_dir / "checkpoints")]
-    for partial in run_dir.glob("model.tmp-*"):  # save_model_dir's staging of a model/ save that was killed
+    # the staging of a model/ (or a LoRA run's adapter/) save that was killed
+    for partial in [*run_dir.glob("model.tmp-*"), *run_dir.glob("adapter.tmp-*")]:
         shutil.rmtree(partial, ignore_errors=True)
         done.append(f"removed an incomplete model directory left by a crash: {partial.name}")
     finals = {p.with_name(p.name[: -len(RETIRED_SUFFIX)])
-              for p in [*(run_dir / "checkpoints").glob("*" + RETIRED_SUFFIX), run_dir / ("model" + RETIRED_SUFFIX)]}
+              for p in [*(run_dir / "checkpoints").glob("*" + RETIRED_SUFFIX), run_dir / ("model" + RETIRED_SUFFIX),
+                        run_dir / ("adapter" + RETIRED_SUFFIX)]}
     for final in sorted(finals):
         what = repair_publish(final)
         if what:

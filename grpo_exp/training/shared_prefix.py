@@ -10,6 +10,11 @@ that cache, and only completion positions reach TRL's own chunked log-prob kerne
 The maths is that of TRL's forward: same positions (TRL passes no position ids, so both use 0..L-1), same
 masks, same kernel. Only float rounding differs. tests/test_shared_prefix.py checks log-probs, entropies
 and gradients against TRL's path.
+
+A PEFT (LoRA) policy is served through its inner transformers model: peft injects the adapters into that
+model's own Linear layers, so its backbone and LM head already compute with them (and with whichever adapter
+TRL makes active, or none, for the reference log-probs); tests/training/test_lora.py checks it against TRL's
+path too.
 """
 
 from __future__ import annotations
@@ -25,13 +30,24 @@ from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFuncti
 _FIELDS = ("log_probs", "entropy")
 
 
+def scoring_model(model):
+    """The transformers model whose backbone and LM head score: a PEFT wrapper's inner model, which carries
+    the adapters in its layers; any other model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def unsupported_reason(model) -> str | None:
     """Why this model cannot share prefixes (None when it can); checked once, when the trainer is built."""
+    if hasattr(model, "get_base_model"):
+        peft_type = getattr(getattr(model, "active_peft_config", None), "peft_type", None)
+        if str(getattr(peft_type, "value", peft_type)) != "LORA":
+            return f"a PEFT model of type {peft_type} (only LoRA adapters live inside the model's own layers)"
+        if type(model.get_output_embeddings()).__module__.startswith("peft."):
+            return "a PEFT adapter on the LM head (this path multiplies by the head's base weight)"
+        model = scoring_model(model)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if config is not model.config:
         return "a multimodal model"
-    if hasattr(model, "get_base_model"):
-        return "a PEFT-wrapped model"
     # TRL's fused head applies these; this path passes the defaults, so it must not see a model that sets them.
     for name in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
                  "logits_scaling"):
@@ -75,6 +91,7 @@ def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     first, inverse = group_rows(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
     if first.numel() == input_ids.size(0):
         return None
+    model = scoring_model(model)
     backbone = model.base_model
     cache_kwarg = _cache_kwarg(type(backbone))
     cache = DynamicCache(config=model.config)
