@@ -187,6 +187,10 @@ def load_job(job: Path, root: Path | None = None) -> dict:
     for stage_dir in stage_dirs:
         history += read_jsonl(stage_dir / "history.jsonl", tolerant=True)
     history.sort(key=lambda r: (r.get("global_step", r.get("step", 0))))
+    for record in history:  # the last value wins: the KL at the end of the run
+        for key, value in record.items():
+            if key.startswith("forgetting/") and key.endswith("/kl"):
+                row[f"forgetting_kl_{key.split('/')[1]}"] = value
     row["dir"] = str(job)
     return {"row": row, "history": history, "curriculum": curriculum, "eval": evaluation,
             "quantization": (eval_file or {}).get("quantization") or row.get("quantization")}
@@ -248,7 +252,7 @@ def variant_labels(df: pd.DataFrame) -> list[str]:
 def main_table(df: pd.DataFrame) -> pd.DataFrame:
     keys = swept_keys(df)
     metric_cols = [c for c in [*MAIN_METRICS, *CURRICULUM_METRICS] if c in df.columns]
-    eval_cols = [c for c in df.columns if c.startswith("eval_")]
+    eval_cols = [c for c in df.columns if c.startswith(("eval_", "forgetting_kl_"))]
     cols = ["job", "status", *keys, *metric_cols, *eval_cols]
     table = df[cols].rename(columns={k: k.split(":", 1)[1] for k in keys})
     if "error" in df.columns and df["error"].notna().any():
@@ -388,6 +392,19 @@ def plot_heldout_curves(jobs: list[dict], labels: list[str], out: Path) -> Path 
                       out / "heldout_accuracy.png", marker="o")
 
 
+def plot_forgetting_kl(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
+    """KL from the previous stage's policy on each earlier stage's prompts (eval.forgetting_sets), one line
+    per variant and earlier stage: how far a later stage moves the policy where it was trained before."""
+    curves = []
+    for job, label in zip(jobs, labels):
+        keys = sorted({k for r in job["history"] for k in r if k.startswith("forgetting/") and k.endswith("/kl")})
+        for key in keys:
+            curves.append((f"{label} ({key.split('/')[1]})", _history_points(job["history"], key)))
+    return _line_plot(curves, "KL(previous stage || now), nats per completion",
+                      "Forgetting: KL from the previous stage's policy on earlier stages' prompts",
+                      out / "forgetting_kl.png", marker="o")
+
+
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -474,7 +491,8 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
 
     labels = variant_labels(df)
     plots = [plot_throughput_memory(df, out), plot_reward_curves(jobs, labels, out),
-             plot_heldout_curves(jobs, labels, out), plot_quantization(jobs, out)]
+             plot_heldout_curves(jobs, labels, out), plot_forgetting_kl(jobs, labels, out),
+             plot_quantization(jobs, out)]
     curriculum_plots = []
     for job, label in zip(jobs, labels):
         if job["curriculum"]:

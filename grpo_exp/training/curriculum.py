@@ -20,16 +20,19 @@ from grpo_exp.training.stage import finished_metrics, train
 logger = log.get_logger(__name__)
 
 # Overrides that the curriculum sets per stage itself.
-_PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resume")
+_PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resume", "eval.forgetting_sets")
 
 
 def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None,
-                    resume: bool = False) -> list[str]:
+                    resume: bool = False, earlier: list[str] | None = None) -> list[str]:
+    """`earlier`: the stages before this one, whose forgetting it tracks (eval.forgetting_sets)."""
     kept = [o for o in user_overrides
             if not o.lstrip("+~").split("=", 1)[0].startswith(_PER_STAGE_KEYS) and not o.startswith("hydra")]
     extra = [f"stage={stage}", "curriculum=none", f"paths.output_dir={out_dir}", f"resume={str(resume).lower()}"]
     if init_from:
         extra.append(f"init_from={init_from}")
+    if earlier and init_from:
+        extra.append(f"eval.forgetting_sets=[{','.join(earlier)}]")
     return [*kept, *extra]
 
 
@@ -113,7 +116,9 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
             step_offset += done["steps"]
             previous = str(out_dir)
             continue
-        stage_cfg = compose_stage(stage_overrides(user_overrides, stage, out_dir, previous, bool(cfg.resume)))
+        # forgetting of every earlier stage, measured during this one (needs the periodic evaluation)
+        tracked = stages[:i] if cfg.curriculum.track_forgetting and cfg.eval.every_steps else None
+        stage_cfg = compose_stage(stage_overrides(user_overrides, stage, out_dir, previous, bool(cfg.resume), tracked))
         logger.info("curriculum stage %d/%d: %s -> %s", i + 1, len(stages), stage, out_dir)
         metrics = train(stage_cfg, step_offset=step_offset)
         step_offset += metrics["steps"]

@@ -107,14 +107,21 @@ def test_report_eval_quantization_curriculum_and_missing_metrics(tmp_path):
     curriculum = {"stages": ["basic", "intermediate"], "base": [0.1, 0.0], "matrix": [[0.6], [0.5, 0.3]],
                   "average_accuracy": 0.4, "bwt": -0.1, "forgetting_max": 0.1}
     _fake_job(sweep / "2", ["curriculum=progressive"], {}, {"curriculum.json": curriculum})
+    stage2 = sweep / "2" / "2_intermediate"  # a later stage logs its forgetting of basic
+    stage2.mkdir()
+    (stage2 / "metrics.json").write_text(json.dumps({"status": "completed", "steps": 2}))
+    (stage2 / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"global_step": 3, "forgetting/basic/kl": 0.5, "eval/basic/accuracy": 0.55},
+        {"global_step": 4, "forgetting/basic/kl": 1.25, "eval/basic/accuracy": 0.5})))
     _fake_job(sweep / "3", ["train.max_steps=5"], {}, {})  # started, never wrote anything
 
     df, out = write_report([sweep])
     assert out == sweep and len(df) == 4
     assert df.set_index("job").loc["1", "eval_basic_accuracy"] == 0.4
     assert df.set_index("job").loc["2", "average_accuracy"] == 0.4
+    assert df.set_index("job").loc["2", "forgetting_kl_basic"] == 1.25  # the KL at the end of the run
     assert df.set_index("job").loc["3", "status"] == "failed"
-    for name in ("quantization.png", "curriculum_2.png", "report.md", "report.csv"):
+    for name in ("quantization.png", "curriculum_2.png", "forgetting_kl.png", "report.md", "report.csv"):
         assert (sweep / name).stat().st_size > 0
     assert "no metrics.json" in (sweep / "report.md").read_text()
 

@@ -118,6 +118,13 @@ def test_three_stage_curriculum_writes_stages_fishers_and_matrix(tmp_path):
     assert result["table"].count("\n") == 5  # header, separator, base and three stage rows
     # The curriculum continued the same policy: stage 2 started from stage 1's model.
     assert json.loads((tmp_path / "2_intermediate" / "metrics.json").read_text())["init_from"].endswith("1_basic/model")
+    # Each later stage logged its forgetting of every earlier stage, on the same rows as its own eval.
+    logged = [set().union(*(json.loads(line) for line in (tmp_path / d / "history.jsonl").read_text().splitlines()))
+              for d in ("1_basic", "2_intermediate", "3_advanced")]
+    assert not any(k.startswith("forgetting/") for k in logged[0])
+    assert {"forgetting/basic/kl", "eval/basic/accuracy", "eval/intermediate/accuracy"} <= logged[1]
+    assert {"forgetting/basic/kl", "forgetting/intermediate/kl", "eval/advanced/accuracy"} <= logged[2]
+    assert "forgetting/advanced/kl" not in logged[2]
 
 
 def test_transfer_metrics_follow_the_definitions():

@@ -1,0 +1,161 @@
+"""Forgetting, step by step (`eval.forgetting_sets`): how far a later stage moves the policy on the
+prompts of earlier stages, and what that costs in accuracy there.
+
+Forgetting in RL fine-tuning tracks the KL divergence from the earlier policy measured on the
+earlier task's prompts (Shenfeld et al. 2025, "RL's Razor"). At the start of a later stage the
+callback samples one completion per prompt from the previous stage's policy (`init_from`'s model/,
+loaded from disk so a resumed run gets the same reference) at temperature 1 with no top-k/top-p,
+and keeps those tokens and their log-probabilities. Every `eval.every_steps` it scores the same
+tokens under the current policy and logs
+
+    forgetting/<stage>/kl        mean over prompts of sum_t [(r_t - 1) - log r_t],  r_t = p_now / p_prev
+
+(Schulman's k3 estimator per token: unbiased for the per-token KL(prev || now) because the tokens come
+from prev, never negative, and lower-variance than the plain log-ratio), plus greedy accuracy on the
+same earlier-stage problems as `eval/<stage>/accuracy`, the key the earlier stage itself logged, so
+its curve continues across stages. Both sit on the `train/global_step` axis in history.jsonl and wandb.
+
+Cost per evaluation: one teacher-forced forward pass over the fixed samples and one greedy generation
+per earlier stage (`eval.every_limit` problems each); the reference sampling is paid once per stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import TrainerCallback
+
+from grpo_exp.base import log
+from grpo_exp.core.data import to_messages
+from grpo_exp.evaluation.generate import evaluate, model_device
+
+logger = log.get_logger(__name__)
+
+
+@dataclass
+class Reference:
+    """Completions sampled from the previous policy: tokens, where the completion is, and its log-probs."""
+
+    input_ids: torch.Tensor  # [n, prompt + completion], prompts left-padded
+    attention_mask: torch.Tensor
+    completion_mask: torch.Tensor  # 1 on completion tokens up to and including EOS
+    logps: torch.Tensor  # [n, completion length]: log p_prev of each completion token
+
+
+@torch.no_grad()
+def sample_reference(model, tokenizer, questions: list[str], *, system_prompt: str, max_new_tokens: int,
+                     seed: int, batch_size: int = 32) -> Reference:
+    """One completion per question from `model` at temperature 1 (its own distribution), with log-probs."""
+    padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    was_training = model.training
+    model.eval()
+    device = model_device(model)
+    rows = []
+    try:
+        for start in range(0, len(questions), batch_size):
+            messages = [to_messages(q, system_prompt) for q in questions[start:start + batch_size]]
+            enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                return_dict=True, padding=True).to(device)
+            torch.manual_seed(seed + start)
+            # top_k=0/top_p=1: the model's untruncated distribution, which the KL estimator assumes
+            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                 max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, use_cache=True)
+            completion = out[:, enc["input_ids"].shape[1]:]
+            rows.append((enc["input_ids"], enc["attention_mask"], completion, _completion_mask(completion, tokenizer)))
+    finally:
+        model.train(was_training)
+        tokenizer.padding_side = padding_side
+    # [left-padded prompt | completion | right padding], so every completion starts in the same column
+    prompts, prompt_masks = _pad_cat([r[0] for r in rows], left=True), _pad_cat([r[1] for r in rows], left=True)
+    completions, masks = _pad_cat([r[2] for r in rows], left=False), _pad_cat([r[3] for r in rows], left=False)
+    ref = Reference(torch.cat([prompts, completions], dim=1).cpu(), torch.cat([prompt_masks, masks], dim=1).cpu(),
+                    masks.cpu(), torch.zeros(masks.shape))
+    ref.logps = completion_logps(model, ref)
+    return ref
+
+
+def _completion_mask(completion: torch.Tensor, tokenizer) -> torch.Tensor:
+    """1 up to and including the first EOS (or pad) of each row, 0 after it."""
+    stop = torch.zeros_like(completion, dtype=torch.bool)
+    for token in {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}:
+        stop |= completion == token
+    # positions after the first stop token: a stop token strictly before them
+    after = torch.cumsum(stop.long(), dim=1) - stop.long() > 0
+    return (~after).long()
+
+
+def _pad_cat(tensors: list[torch.Tensor], left: bool) -> torch.Tensor:
+    """Batches of different widths stacked, zero-padded on the left or right (masked wherever it is read)."""
+    width = max(t.shape[1] for t in tensors)
+    padded = [torch.nn.functional.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]))
+              for t in tensors]
+    return torch.cat(padded, dim=0)
+
+
+@torch.no_grad()
+def completion_logps(model, ref: Reference, batch_size: int = 32) -> torch.Tensor:
+    """log p_model of each reference completion token (teacher forcing), fp32, [n, completion length]."""
+    was_training = model.training
+    model.eval()
+    device = model_device(model)
+    width = ref.completion_mask.shape[1]
+    out = []
+    try:
+        for start in range(0, ref.input_ids.shape[0], batch_size):
+            ids = ref.input_ids[start:start + batch_size].to(device)
+            attention = ref.attention_mask[start:start + batch_size].to(device)
+            logits = model(input_ids=ids, attention_mask=attention).logits[:, -width - 1:-1].float()
+            target = ids[:, -width:]
+            out.append(torch.log_softmax(logits, dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1).cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(out, dim=0)
+
+
+def kl_from_reference(model, ref: Reference) -> dict:
+    """KL(prev || now) per completion (nats, summed over its tokens) and per token, from the k3 estimator."""
+    now = completion_logps(model, ref)
+    mask = ref.completion_mask.float()
+    log_ratio = (now - ref.logps).clamp(-30, 30)  # log r_t; the clamp only guards exp() from inf
+    k3 = (torch.exp(log_ratio) - 1 - log_ratio) * mask
+    tokens = mask.sum()
+    return {"kl": (k3.sum(dim=1)).mean().item(), "kl_per_token": (k3.sum() / tokens.clamp(min=1)).item()}
+
+
+class ForgettingCallback(TrainerCallback):
+    """Every N steps (and after the last): KL from the previous policy and greedy accuracy on earlier stages."""
+
+    def __init__(self, pending_logs: dict, sets: list[tuple[str, list[dict], int, Reference]], every_steps: int, *,
+                 system_prompt: str, batch_size: int):
+        self.pending_logs = pending_logs  # the trainer merges and clears it in its next log() call
+        self.sets, self.every_steps = sets, every_steps
+        self.system_prompt, self.batch_size = system_prompt, batch_size
+
+    def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        step = state.global_step
+        if step % self.every_steps and step != state.max_steps:
+            return control
+        self.pending_logs.update(self.measure(model, processing_class))
+        return control
+
+    def measure(self, model, tokenizer) -> dict:
+        row = {}
+        for name, examples, max_new_tokens, reference in self.sets:
+            started = time.perf_counter()
+            kl = kl_from_reference(model, reference)
+            metrics, _ = evaluate(model, tokenizer, examples, system_prompt=self.system_prompt,
+                                  max_new_tokens=max_new_tokens, batch_size=self.batch_size,
+                                  desc=f"forgetting eval {name}")
+            row.update({
+                f"forgetting/{name}/kl": kl["kl"],
+                f"forgetting/{name}/kl_per_token": kl["kl_per_token"],
+                f"forgetting/{name}/seconds": time.perf_counter() - started,
+                f"eval/{name}/accuracy": metrics["accuracy"],
+                f"eval/{name}/format": metrics["format_compliance"],
+                f"eval/{name}/mean_tokens": metrics["mean_completion_tokens"],
+                f"eval/{name}/n": metrics["n"],
+            })
+        return row

@@ -1,0 +1,80 @@
+"""The forgetting signal: the KL estimator against an exact computation, and its bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.config.checks import validate
+from grpo_exp.core import models
+from grpo_exp.training.forgetting import completion_logps, kl_from_reference, sample_reference
+from tests.conftest import compose_cfg
+
+QUESTIONS = [f"What is {a} + {b}?" for a in range(1, 9) for b in range(1, 9)]  # 64 prompts
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = compose_cfg(["debug=smoke"], tmp_path_factory.mktemp("run"))
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    return model, tokenizer
+
+
+def _reference(model, tokenizer):
+    return sample_reference(model, tokenizer, QUESTIONS, system_prompt="", max_new_tokens=12, seed=0, batch_size=32)
+
+
+def test_kl_is_zero_for_the_reference_policy_itself(tiny):
+    model, tokenizer = tiny
+    ref = _reference(model, tokenizer)
+    assert ref.completion_mask.sum() > 0
+    assert kl_from_reference(model, ref)["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_kl_estimate_matches_the_exact_token_kl(tiny):
+    """k3 over the sampled tokens estimates sum_v p_prev log(p_prev / p_now) at the same positions."""
+    model, tokenizer = tiny
+    ref = _reference(model, tokenizer)
+    moved = type(model)(model.config)
+    moved.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        head = moved.get_output_embeddings().weight
+        head.add_(torch.randn(head.shape, generator=generator) * head.std() * 3.0)
+    estimate = kl_from_reference(moved, ref)
+
+    width = ref.completion_mask.shape[1]
+    with torch.no_grad():
+        prev = torch.log_softmax(model(input_ids=ref.input_ids, attention_mask=ref.attention_mask).logits[:, -width - 1:-1].float(), -1)
+        now = torch.log_softmax(moved(input_ids=ref.input_ids, attention_mask=ref.attention_mask).logits[:, -width - 1:-1].float(), -1)
+    exact = ((prev.exp() * (prev - now)).sum(-1) * ref.completion_mask).sum() / ref.completion_mask.sum()
+    assert exact > 0.01  # the perturbation moved the policy
+    assert estimate["kl_per_token"] == pytest.approx(exact.item(), rel=0.25)
+    # the stored log-probs are the reference policy's own
+    assert torch.allclose(completion_logps(model, ref), ref.logps, atol=1e-5)
+
+
+def test_completion_mask_stops_after_eos(tiny):
+    model, tokenizer = tiny
+    ref = _reference(model, tokenizer)
+    eos = tokenizer.eos_token_id
+    completions = ref.input_ids[:, -ref.completion_mask.shape[1]:]
+    for row, mask in zip(completions, ref.completion_mask):
+        hits = (row == eos).nonzero()
+        if len(hits):
+            first = hits[0].item()
+            assert mask[: first + 1].all() and not mask[first + 1:].any()
+
+
+def test_forgetting_without_a_previous_stage_is_one_line(tmp_path):
+    cfg = compose_cfg(["debug=smoke", "eval.forgetting_sets=[basic]"], tmp_path)
+    with pytest.raises(ConfigError, match=r"forgetting_sets=\['basic'\].*set init_from=") as err:
+        validate(cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_forgetting_of_an_unknown_stage_is_one_line(tmp_path):
+    cfg = compose_cfg(["debug=smoke", "eval.forgetting_sets=[expert]"], tmp_path)
+    with pytest.raises(ConfigError, match="'expert' in eval.forgetting_sets; valid stages: .*basic"):
+        validate(cfg)
