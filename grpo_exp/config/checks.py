@@ -15,6 +15,12 @@ def validate(cfg: Any) -> None:
         schema.check(cfg[group])
     RunConfig.check(cfg)
     stage, ev = cfg.stage, cfg.eval
+    if ev.forgetting_sets and not cfg.get("init_from"):
+        raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} measures forgetting of a previous stage, "
+                          f"but there is none: set init_from=<run dir of that stage> or run a curriculum")
+    if ev.forgetting_sets and not ev.every_steps:
+        raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} is measured every eval.every_steps, "
+                          f"which is off (null); set eval.every_steps=<N>")
     if stage.dataset != "gsm8k" and ev.after_train and ev.limit > stage.num_test:
         raise ConfigError(f"eval set '{stage.name}' holds {stage.num_test} held-out problems (stage.num_test) "
                           f"but {ev.limit} were asked for (eval.limit={ev.limit}); lower the limit or raise "

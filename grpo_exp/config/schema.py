@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from grpo_exp.base.cpu import PRECISIONS, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
@@ -119,6 +120,53 @@ class QuantizationConfig:
     @staticmethod
     def check(quantization: Any) -> None:
         require_choice("quantization.method", quantization.method, QuantizationConfig.METHODS)
+
+
+@dataclass
+class PeftConfig:
+    """Parameter-efficient fine-tuning (training/lora.py): `none` trains every weight of the policy, `lora`
+    trains low-rank adapters (peft) on the projections named in target_modules and freezes the rest."""
+
+    name: str = "none"
+    r: int = 16  # adapter rank
+    alpha: float = 32.0  # peft's lora_alpha: the update is scaled by alpha / r
+    # 0: GRPO's importance ratio compares log-probs of the same policy from two forwards; adapter dropout
+    # would make them differ by noise alone
+    dropout: float = 0.0
+    # the attention and MLP projections, named alike in Llama, Qwen2 and Gemma 3; or "all-linear" (peft's
+    # every Linear except the LM head)
+    target_modules: Any = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                          "up_proj", "down_proj"])
+
+    NAMES = ("none", "lora")
+
+    @staticmethod
+    def check(peft: Any) -> None:
+        require_choice("peft.name", peft.name, PeftConfig.NAMES)
+        if peft.name == "none":
+            return
+        # bool is an int in Python; peft.r=true must not pass as rank 1
+        require(isinstance(peft.r, int) and not isinstance(peft.r, bool) and peft.r >= 1,
+                f"peft.r={peft.r!r} must be a positive integer (the adapter rank)")
+        require(isinstance(peft.alpha, (int, float)) and math.isfinite(peft.alpha) and peft.alpha > 0,
+                f"peft.alpha={peft.alpha!r} must be a positive number")
+        require(0 <= peft.dropout < 1, f"peft.dropout={peft.dropout!r} must be in [0, 1)")
+        targets = peft.target_modules
+        if isinstance(targets, str):
+            require(targets == "all-linear", f"peft.target_modules={targets!r} must be a list of module names "
+                                             f"or 'all-linear'")
+        else:
+            names = list(targets) if isinstance(targets, (list, tuple, ListConfig)) else None
+            require(bool(names) and all(isinstance(n, str) and n for n in names),
+                    f"peft.target_modules={names if names is not None else targets!r} must be a non-empty list "
+                    f"of module names or 'all-linear'")
+            # TRL scores with lm_head.weight directly, so an adapter there would never train
+            require("lm_head" not in names, "peft.target_modules names lm_head; TRL computes log-probs from "
+                                            "lm_head.weight directly, so an adapter there would never train")
+        import importlib.util
+
+        require(importlib.util.find_spec("peft") is not None,
+                "peft=lora needs the peft package; install it with pip install -e '.[lora]'")
 
 
 @dataclass
@@ -230,19 +278,38 @@ def generation_batch(train: Any) -> tuple[int, int]:
 @dataclass
 class LoggerConfig:
     name: str = "none"
+    # wandb project, or trackio project (also its SQLite file name: <dir>/<project>.db)
     project: str = "grpo-exp"
-    entity: Optional[str] = None
+    entity: Optional[str] = None  # wandb only
+    # wandb: offline/online/disabled; trackio is local only: offline, or disabled to turn it off
     mode: str = "offline"
     group: Optional[str] = None
     tags: List[str] = field(default_factory=list)
+    # trackio storage directory; None: <sweep dir>/trackio for a multirun, <curriculum run>/trackio
+    # for curriculum stages, else <run dir>/trackio (wandb always writes under the run directory)
+    dir: Optional[str] = None
 
-    NAMES = ("none", "wandb")
+    NAMES = ("none", "wandb", "trackio")
     MODES = ("offline", "online", "disabled")
+    TRACKIO_MODES = ("offline", "disabled")
 
     @staticmethod
     def check(logger: Any) -> None:
         require_choice("logger.name", logger.name, LoggerConfig.NAMES)
         require_choice("logger.mode", logger.mode, LoggerConfig.MODES)
+        if logger.name == "trackio":
+            # trackio writes a local SQLite database here; logging to a Space would need a network and a login
+            require(logger.mode in LoggerConfig.TRACKIO_MODES,
+                    f"logger.mode={logger.mode!r} is not valid with logger=trackio (it logs locally); "
+                    f"choose one of: {', '.join(LoggerConfig.TRACKIO_MODES)}")
+            # trackio names the database after the project, dropping other characters and refusing registry-*
+            project = str(logger.project)
+            require(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", project) is not None
+                    and not project.startswith("registry-"),
+                    f"logger.project={project!r} is not a valid trackio project name; use letters, digits, "
+                    "'-' and '_' (not starting with 'registry-')")
+            require(logger.dir is None or str(logger.dir).strip() != "",
+                    "logger.dir must be a directory path, or null for the run or sweep directory")
 
 
 @dataclass
@@ -268,6 +335,10 @@ class EvalConfig:
     # (eval/<set>/accuracy in history.jsonl and wandb); null turns it off
     every_steps: Optional[int] = 20
     every_limit: int = 50
+    # a later stage (init_from set): every `every_steps`, the KL from init_from's policy on these earlier
+    # stages' prompts (forgetting/<set>/kl) and greedy accuracy there (eval/<set>/accuracy); the
+    # curriculum fills it with the stages before the current one (curriculum.track_forgetting)
+    forgetting_sets: List[str] = field(default_factory=list)
 
     @staticmethod
     def check(ev: Any) -> None:
@@ -276,6 +347,8 @@ class EvalConfig:
         valid = group_options("stage")
         for name in ev.sets:
             require(name in valid, f"unknown eval set '{name}' in eval.sets; valid sets: {', '.join(valid)}")
+        for name in ev.forgetting_sets:
+            require(name in valid, f"unknown stage '{name}' in eval.forgetting_sets; valid stages: {', '.join(valid)}")
         require_positive("eval", ev, "limit", "batch_size", "every_limit")
         require(ev.max_new_tokens is None or ev.max_new_tokens >= 1,
                 f"eval.max_new_tokens={ev.max_new_tokens} must be a positive integer or null (the stage's length)")
@@ -341,6 +414,9 @@ class CurriculumConfig:
     eval_limit: int = 100  # held-out problems per stage in the accuracy matrix
     eval_batch_size: int = 16
     eval_base: bool = True  # also evaluate the starting model (row "base" of the matrix)
+    # each later stage logs the KL from the previous stage's policy and accuracy on every earlier
+    # stage while it trains (eval.forgetting_sets, every eval.every_steps)
+    track_forgetting: bool = True
 
     @staticmethod
     def check(curriculum: Any) -> None:
@@ -359,6 +435,7 @@ class RunConfig:
     stage: StageConfig = MISSING
     reward: RewardConfig = MISSING
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
     cpu: CpuConfig = field(default_factory=CpuConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -403,8 +480,8 @@ class EvaluateRunConfig(RunConfig):
 
 
 # group name -> schema, in the order validate checks them
-GROUPS = {"model": ModelConfig, "stage": StageConfig, "quantization": QuantizationConfig, "logger": LoggerConfig,
-          "cpu": CpuConfig, "train": TrainConfig, "ewc": EwcConfig, "eval": EvalConfig,
+GROUPS = {"model": ModelConfig, "stage": StageConfig, "quantization": QuantizationConfig, "peft": PeftConfig,
+          "logger": LoggerConfig, "cpu": CpuConfig, "train": TrainConfig, "ewc": EwcConfig, "eval": EvalConfig,
           "curriculum": CurriculumConfig, "reward": RewardConfig}
 
 

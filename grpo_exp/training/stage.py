@@ -26,7 +26,7 @@ from grpo_exp.base.monitor import MonitorCallback, reset_peak_rss
 from grpo_exp.config.checks import validate
 from grpo_exp.config.schema import generation_batch
 from grpo_exp.core import data, models, rewards
-from grpo_exp.training import checkpoints, ewc
+from grpo_exp.training import checkpoints, ewc, lora
 from grpo_exp.training.run_dir import RunLock, record_or_compare
 from grpo_exp.training.trainer import GracefulStop, NonFiniteError, build_trainer, completions_per_step
 
@@ -55,6 +55,7 @@ def check(cfg) -> None:
     if init and cfg.ewc["lambda"] > 0 and not (init[1] / ewc.FISHER_FILE).is_file():
         raise ConfigError(f"init_from={cfg.init_from} has no EWC state ({ewc.FISHER_FILE} in {init[1]}); "
                           f"train that stage with ewc.lambda>0, or continue with ewc.lambda=0")
+    lora.check_init(cfg, init)
 
 
 @dataclass
@@ -70,23 +71,33 @@ class StageParts:
     init: tuple[Path, Path] | None  # (model dir, EWC state dir) of init_from
     ewc_state: Any  # the EWC state carried in from init_from (ewc.lambda > 0), else None
     penalty: Any  # the EWC loss term built on it, else None
+    adapter_from: Path | None = None  # peft=lora: init_from's adapter/ this stage continues, else None
 
 
 def prepare(cfg) -> StageParts:
     """Seeded rewards, training problems and model (from init_from when set) with the EWC state it
-    carries; the EWC state is loaded before the model so a missing Fisher fails before anything heavy."""
+    carries; the EWC state is loaded before the model so a missing Fisher fails before anything heavy.
+
+    peft=lora wraps the model in an adapter: a fresh one, or init_from's when that run trained one (it is
+    then continued on the base model it was trained on; see training/lora.py)."""
     init = resolve_init(cfg.init_from)
     lam = cfg.ewc["lambda"]
+    adapter_from = lora.check_init(cfg, init)
     ewc_state = ewc.EwcState.load(init[1]) if init and lam > 0 else None
     seed_everything(cfg.train.seed)
     reward_funcs, reward_weights = rewards.build(list(cfg.reward.funcs), _weights(cfg))
     train_examples = stage_examples(cfg, "train")
     train_dataset = data.to_dataset(train_examples, cfg.reward.system_prompt)
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed,
-                                   init_from=init[0] if init else None)
+    if adapter_from is not None:  # on the base model it was trained on, not on init_from's merged model/
+        model, tokenizer = lora.load_base(cfg, adapter_from)
+    else:
+        model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed,
+                                       init_from=init[0] if init else None)
+    if lora.enabled(cfg):
+        model = lora.wrap(model, cfg.peft, adapter_from)
     penalty = ewc.EwcPenalty(ewc_state, lam) if ewc_state is not None else None
     return StageParts(model, tokenizer, train_examples, train_dataset, reward_funcs, reward_weights, init,
-                      ewc_state, penalty)
+                      ewc_state, penalty, adapter_from)
 
 
 def train(cfg, step_offset: int = 0) -> dict:
@@ -130,7 +141,8 @@ def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
     init = parts.init
     run_state = {"stage": cfg.stage.name, "step_offset": step_offset, "init_from": str(init[0]) if init else None,
                  "ewc_state": str(init[1] / ewc.FISHER_FILE) if parts.ewc_state is not None else None,
-                 "ewc_lambda": cfg.ewc["lambda"]}
+                 "ewc_lambda": cfg.ewc["lambda"], "peft": cfg.peft.name,
+                 "adapter_from": str(parts.adapter_from) if parts.adapter_from else None}
     try:
         stage = StageRun(cfg, run_dir, parts, monitor, started)
         trainer = stage.build(tracker, run_state)
@@ -187,11 +199,13 @@ class StageRun:
         self.stopper = GracefulStop()
 
     def build(self, tracker, run_state):
-        report_to = ["wandb"] if tracker is not None else []
+        report_to = [tracker.report_to] if tracker is not None else []  # "wandb" or "trackio"
         trainer = build_trainer(self.cfg, self.parts, output_dir=self.run_dir, callbacks=[self.monitor, self.stopper],
                                 report_to=report_to, run_state=run_state)
         if self.cfg.eval.every_steps:
             trainer.add_callback(self.held_out_eval(trainer.pending_logs))
+        if self.cfg.eval.forgetting_sets:
+            trainer.add_callback(self.forgetting_eval(trainer.pending_logs))
         if tracker is not None:
             tracker.attach(trainer, self.monitor)  # cumulative step axis + the monitor's resource figures
         return trainer
@@ -207,6 +221,30 @@ class StageRun:
         return HeldOutEvalCallback(pending_logs, cfg.stage.name, examples, cfg.eval.every_steps,
                                    system_prompt=cfg.reward.system_prompt,
                                    max_new_tokens=cfg.train.max_completion_length, batch_size=cfg.eval.batch_size)
+
+    def forgetting_eval(self, pending_logs: dict):
+        """The `eval.forgetting_sets` callback, its reference sampled from init_from's model/ on disk (the
+        previous stage's policy, also when this stage resumes from a checkpoint)."""
+        from grpo_exp.evaluation.run import held_out_split, set_settings
+        from grpo_exp.training.forgetting import ForgettingCallback, sample_reference
+
+        cfg = self.cfg
+        t0 = time.time()
+        previous, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed, init_from=self.parts.init[0])
+        sets = []
+        for name in dict.fromkeys(cfg.eval.forgetting_sets):
+            stage, max_new_tokens = set_settings(cfg, name)
+            limit = min(cfg.eval.every_limit, stage.num_test) if stage.dataset != "gsm8k" else cfg.eval.every_limit
+            examples = held_out_split(stage, limit, cfg.train.seed, name)[:limit]
+            reference = sample_reference(previous, tokenizer, [ex["question"] for ex in examples],
+                                         system_prompt=cfg.reward.system_prompt, max_new_tokens=max_new_tokens,
+                                         seed=cfg.train.seed, batch_size=cfg.eval.batch_size)
+            sets.append((name, examples, max_new_tokens, reference))
+        del previous
+        logger.info("forgetting reference for %s sampled from %s in %.1f s", ", ".join(s[0] for s in sets),
+                    self.parts.init[0], time.time() - t0)
+        return ForgettingCallback(pending_logs, sets, cfg.eval.every_steps, system_prompt=cfg.reward.system_prompt,
+                                  batch_size=cfg.eval.batch_size)
 
     def train_and_save(self, trainer, resume_from: Path | None, threads) -> dict:
         cfg, run_dir, parts = self.cfg, self.run_dir, self.parts
@@ -228,7 +266,12 @@ class StageRun:
             self.stopper.uninstall()
             self.monitor.sampler.stop()
 
-        save_model_dir(trainer.model, parts.tokenizer, run_dir / "model")
+        policy = trainer.model
+        adapter = lora.is_peft(policy)
+        if adapter:  # model/ (merged) is written once the adapter is no longer needed, below
+            lora.save_adapter(policy, parts.tokenizer, run_dir / lora.ADAPTER_DIR, cfg)
+        else:
+            save_model_dir(policy, parts.tokenizer, run_dir / "model")
         metrics = {
             "status": "interrupted" if self.stopper.signal_received else "completed",
             "model": cfg.model.name,
@@ -243,23 +286,32 @@ class StageRun:
             "torch_version": torch.__version__,
             "ewc_lambda": cfg.ewc["lambda"],
             "skipped_steps": trainer.skipped_steps,
+            "peft": cfg.peft.name,
         }
+        if adapter:
+            metrics.update({**lora.parameter_counts(policy), "lora_r": cfg.peft.r, "lora_alpha": cfg.peft.alpha,
+                            "adapter_from": str(parts.adapter_from) if parts.adapter_from else None})
         if parts.penalty is not None:
-            metrics["ewc_weighted_distance"] = parts.penalty.weighted_distance(trainer.model)
+            metrics["ewc_weighted_distance"] = parts.penalty.weighted_distance(policy)
         if self.stopper.signal_received:
+            if adapter:
+                lora.merge_and_save(policy, parts.tokenizer, run_dir / "model")
             metrics["wall_time_s"] = time.time() - self.started
             write_json(run_dir / "metrics.json", metrics)
             logger.warning("stopped by signal after step %s; checkpoint and model saved in %s; continue with "
                            "resume=true hydra.run.dir=%s", trainer.state.global_step, run_dir, run_dir)
             raise SystemExit(128 + self.stopper.signal_received)
 
-        if cfg.ewc["lambda"] > 0:
-            metrics.update(consolidate_fisher(cfg, trainer.model, parts.tokenizer, parts.train_examples,
+        if cfg.ewc["lambda"] > 0:  # with an adapter: over the adapter's parameters, the only ones that train
+            metrics.update(consolidate_fisher(cfg, policy, parts.tokenizer, parts.train_examples,
                                               parts.ewc_state, run_dir))
+        if adapter:
+            policy = lora.merge_and_save(policy, parts.tokenizer, run_dir / "model")
         if cfg.eval.after_train:
             from grpo_exp.evaluation.run import evaluate_after_train
 
-            metrics["eval"] = evaluate_after_train(cfg, trainer.model, parts.tokenizer, run_dir,
+            # the merged model: what model/ holds, and generation without the adapter's extra matmuls
+            metrics["eval"] = evaluate_after_train(cfg, policy, parts.tokenizer, run_dir,
                                                    init[0] if init else None)
         metrics["wall_time_s"] = time.time() - self.started
         # Written last: its "completed" status is what marks the stage as done for resume.
@@ -267,20 +319,27 @@ class StageRun:
         return metrics
 
 
+def _tracking(name: str):
+    """The tracking module of a logger option: start/finish and a Tracker, for wandb or trackio."""
+    if name == "trackio":
+        from grpo_exp.training import trackio_tracking
+
+        return trackio_tracking
+    from grpo_exp.training import tracking
+
+    return tracking
+
+
 def _start_tracking(cfg, run_dir: Path, step_offset: int):
     if cfg.logger.name == "none":
         return None
-    from grpo_exp.training import tracking
-
-    return tracking.start(cfg, run_dir, step_offset=step_offset)
+    return _tracking(cfg.logger.name).start(cfg, run_dir, step_offset=step_offset)
 
 
 def _finish_tracking(tracker, metrics: dict | None, failed: bool) -> None:
     if tracker is None:
         return
-    from grpo_exp.training import tracking
-
-    tracking.finish(tracker, metrics, failed=failed)
+    _tracking(tracker.report_to).finish(tracker, metrics, failed=failed)
 
 
 def consolidate_fisher(cfg, model, tokenizer, examples: list[dict], old_state, run_dir: Path) -> dict:
