@@ -140,7 +140,9 @@ def check_overrides(config_name: str, args: list[str], validate: Callable | None
         cfg = compose(config_name, overrides)
     except Exception as err:
         cause = err.__cause__ or err
-        bad = next((a for a in overrides if a.split("=", 1)[0].lstrip("+~") in str(err)), None)
+        # the longest key the error names: `train=default train.max_stepz=3` is about train.max_stepz
+        named = [a for a in overrides if a.split("=", 1)[0].lstrip("+~") in str(err)]
+        bad = max(named, key=lambda a: len(a.split("=", 1)[0]), default=None)
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and bad:
             key = bad.split("=", 1)[0].lstrip("+~")
             raise ConfigError(f"unknown config key '{key}'{_valid_keys(config_name, key)}") from None

@@ -72,6 +72,8 @@ BAD_CLI = [
     (["stage=expert"], "valid choices: advanced, basic, gsm8k, intermediate"),
     (["train.max_steps=abc"], "train.max_steps"),
     (["train.max_stepz=3"], "unknown config key 'train.max_stepz'; valid keys under train:"),
+    # the group named first (as the web app's Launch tab does) must not take the blame
+    (["train=default", "train.max_stepz=3"], "unknown config key 'train.max_stepz'; valid keys under train:"),
     (["train.num_generations=3"], "does not divide the generation batch of 32"),
     (["stage=gsm8k", "stage.path=/no/such/file.jsonl"], "/no/such/file.jsonl"),
     (["model=custom", "model.id=no-such-org/no-such-model"], "no-such-org/no-such-model"),
