@@ -46,7 +46,82 @@ def kill_at_publish_step() -> None:
     io.publish_fault_hook = hook
 
 
+def row_seeded_rollouts() -> None:
+    """GRPO_EXP_TEST_ROW_SEEDED=1: each rollout completion is sampled (at TRL's temperature, top-k 0, top-p 1)
+    with a generator seeded by its prompt and its place among that prompt's copies in the batch, not by the
+    process's RNG stream.
+
+    TRL seeds each rank differently (set_seed(seed, device_specific=True)), so N processes sample other
+    completions than one process would. With this, a run's completions do not depend on how the generation
+    batch is split across processes or on a resume, and a 2-process run can be compared with a 1-process
+    one (tests/training/test_ddp.py). Only TRL's rollouts (the `generate` calls that pass a
+    generation_config) are affected; the Fisher's samples and evaluations are not."""
+    if os.environ.get("GRPO_EXP_TEST_ROW_SEEDED") != "1":
+        return
+    import hashlib
+    from collections import Counter
+
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+    from transformers.generation.utils import GenerationMixin
+
+    class RowSeeded(LogitsProcessor):
+        def __init__(self, seeds: list[int], temperature: float):
+            self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+            self.temperature = temperature
+
+        def __call__(self, input_ids, scores):
+            probs = torch.softmax(scores.float() / self.temperature, dim=-1).cpu()
+            chosen = torch.full_like(scores, -math.inf)
+            for i, generator in enumerate(self.generators):
+                chosen[i, torch.multinomial(probs[i], 1, generator=generator)] = 0.0
+            return chosen  # one finite logit per row: the sampler that follows can only pick it
+
+    original = GenerationMixin.generate
+
+    def generate(self, *args, **kwargs):
+        config = kwargs.get("generation_config")
+        if config is None or not getattr(config, "do_sample", False):
+            return original(self, *args, **kwargs)
+        seen: Counter = Counter()
+        seeds = []
+        for ids, mask in zip(kwargs["input_ids"], kwargs["attention_mask"]):
+            key = tuple(ids[mask.bool()].tolist())
+            digest = hashlib.sha256(repr((key, seen[key])).encode()).digest()
+            seeds.append(int.from_bytes(digest[:8], "little") >> 1)
+            seen[key] += 1
+        kwargs["logits_processor"] = LogitsProcessorList([RowSeeded(seeds, config.temperature or 1.0)])
+        return original(self, *args, **kwargs)
+
+    GenerationMixin.generate = generate
+
+
+def dump_parameters() -> None:
+    """GRPO_EXP_TEST_PARAM_DUMP=<dir>: after training, every process saves the parameters it holds to
+    <dir>/rank<r>.pt, so a test can check that the ranks of a data-parallel run agree."""
+    target = os.environ.get("GRPO_EXP_TEST_PARAM_DUMP")
+    if not target:
+        return
+    import torch
+
+    from grpo_exp.base import dist
+    from grpo_exp.training.stage import StageRun
+
+    original = StageRun.train_and_save
+
+    def train_and_save(self, trainer, *args, **kwargs):
+        result = original(self, trainer, *args, **kwargs)
+        os.makedirs(target, exist_ok=True)
+        params = {name: p.detach().cpu().clone() for name, p in trainer.model.named_parameters()}
+        torch.save(params, os.path.join(target, f"rank{dist.rank()}.pt"))
+        return result
+
+    StageRun.train_and_save = train_and_save
+
+
 if __name__ == "__main__":
     rewards.REGISTRY.update(TEST_REWARDS)
     kill_at_publish_step()
+    row_seeded_rollouts()
+    dump_parameters()
     main()

@@ -9,6 +9,11 @@
 
 Under a launcher that runs sweep jobs side by side (`hydra/launcher=joblib|submitit_local|ray`, see
 conf/hydra/launcher/), a job with cpu.threads=auto takes its share of the cores instead of all of them.
+
+Under `torchrun --nproc_per_node=N` (or `accelerate launch`) every process runs this wrapper: each checks
+the config, then the processes join one process group and take rank 0's run directory (Hydra's ${now:...}
+differs per process), and only rank 0 writes Hydra's files, status.json and the run's outputs; the others
+log to `<run dir>/<task>.rank<r>.log`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from grpo_exp.base import cpu, log
+from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.errors import ConfigError, TrainingHalted
 from grpo_exp.base.io import write_json
 
@@ -36,7 +41,8 @@ warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/\w+' is validated
 
 
 def report_config_error(err: BaseException) -> None:
-    print(f"error: {err}", file=sys.stderr)
+    if dist.is_main():  # N processes fail alike; one line says why
+        print(f"error: {err}", file=sys.stderr)
 
 
 def run_task(config_name: str, task: Callable[[Any], dict], check: Callable[[Any], None],
@@ -53,6 +59,8 @@ def run_task(config_name: str, task: Callable[[Any], dict], check: Callable[[Any
 
     try:
         check_overrides(config_name, sys.argv[1:], check)
+        if dist.is_distributed():
+            sys.argv[1:] = distributed_overrides(config_name, sys.argv[1:])
     except ConfigError as err:
         report_config_error(err)
         raise SystemExit(EXIT_BAD_INPUT) from None
@@ -92,6 +100,48 @@ def run_task(config_name: str, task: Callable[[Any], dict], check: Callable[[Any
     main()
 
 
+def distributed_overrides(config_name: str, args: list[str]) -> list[str]:
+    """The command line of one of N data-parallel processes: rank 0's run directory for all of them, and on
+    the other ranks no Hydra files (.hydra/) and a log of their own, quiet on the console."""
+    if any(a in ("-m", "--multirun") for a in args):
+        raise ConfigError(f"a sweep (-m) cannot run under a distributed launcher ({dist.world_size()} processes); "
+                          f"launch each run with torchrun, or run the sweep's jobs through a hydra/launcher")
+    dist.init()
+    run_dir, job_name = dist.broadcast(_hydra_run_dir(config_name, args) if dist.is_main() else None)
+    kept = [a for a in args if not a.lstrip("+").startswith("hydra.run.dir=")]
+    extra = [f"hydra.run.dir={_quoted(run_dir)}"]
+    if not dist.is_main():
+        log_file = f"{run_dir}/{job_name}.rank{dist.rank()}.log"
+        extra += ["hydra.output_subdir=null", f"hydra.job_logging.handlers.file.filename={_quoted(log_file)}",
+                  "++hydra.job_logging.handlers.console.level=WARNING"]
+    return [*kept, *extra]
+
+
+def _hydra_run_dir(config_name: str, args: list[str]) -> tuple[str, str]:
+    """The run directory Hydra would create for these overrides, resolved once (here, on rank 0), and the
+    job's name (its log file is <name>.log)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import setup_globals
+    from omegaconf import OmegaConf
+
+    from grpo_exp.config.compose import CONF_DIR
+
+    setup_globals()  # Hydra's ${now:...} resolver, which the run directory's name uses
+    overrides = [a for a in args if not a.startswith("-")]
+    if GlobalHydra.instance().is_initialized():
+        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    return str(OmegaConf.select(cfg, "hydra.run.dir")), str(OmegaConf.select(cfg, "hydra.job.name") or config_name)
+
+
+def _quoted(value: str) -> str:
+    """A Hydra override value that stays one string whatever the path holds (spaces, commas, '=')."""
+    return "'" + value.replace("'", "\\'") + "'"
+
+
 def launcher_threads(launcher, cores: int) -> int | None:
     """Threads one job may use when the Hydra launcher runs several jobs on the same cores, or None
     when it runs them one at a time (basic) or leaves the cores to a scheduler.
@@ -129,7 +179,9 @@ def share_cores(cfg, hydra_cfg) -> None:
 
 def record_status(hydra_cfg, status: str, started: float, err: BaseException | None = None, objective=None) -> None:
     """status.json in the job directory (and error.txt with the traceback when the job failed), so the
-    report lists failed sweep jobs with their error, whatever the launcher."""
+    report lists failed sweep jobs with their error, whatever the launcher. Rank 0 alone writes it."""
+    if not dist.is_main():
+        return
     job_dir = Path(hydra_cfg.runtime.output_dir)
     info = {"status": status, "overrides": list(hydra_cfg.overrides.task),
             "job_num": hydra_cfg.job.get("num"), "started": started, "duration_s": time.time() - started,

@@ -8,6 +8,7 @@ import sys
 import warnings
 from typing import Any
 
+from grpo_exp.base import dist
 from grpo_exp.base.errors import ConfigError
 
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -26,6 +27,14 @@ def resolve_threads(threads: Any) -> int:
     if n < 1 or str(n) != str(threads).strip():
         raise ConfigError(f"cpu.threads={threads!r} is not valid; use 'auto' or a positive integer")
     return n
+
+
+def process_threads(threads: Any) -> int:
+    """Threads for this process: `cpu.threads` (auto: every core) is what the run may use on this machine,
+    so under `torchrun --nproc_per_node=N` each of the N processes takes threads // N (at least one);
+    more threads than cores only spin against each other."""
+    total = resolve_threads(threads)
+    return max(1, total // dist.local_world_size())
 
 
 def resolve_wait_policy(policy: Any) -> str | None:
@@ -55,7 +64,7 @@ def prepare_env(cpu_cfg) -> None:
     "passive" sleeps at once (for cores shared with other jobs); "active" always spins. Child
     processes (dataloaders, accelerate) inherit the environment too. In a process where torch is
     already loaded, a changed wait policy cannot take effect, so a warning says so instead."""
-    threads = resolve_threads(cpu_cfg.threads)
+    threads = process_threads(cpu_cfg.threads)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
     wanted = resolve_wait_policy(cpu_cfg.get("omp_wait_policy", "default"))
@@ -74,7 +83,7 @@ def apply(cpu_cfg) -> dict:
     prepare_env(cpu_cfg)
     import torch
 
-    torch.set_num_threads(resolve_threads(cpu_cfg.threads))
+    torch.set_num_threads(process_threads(cpu_cfg.threads))
     try:
         torch.set_num_interop_threads(int(cpu_cfg.interop_threads))
     except RuntimeError:

@@ -1,6 +1,9 @@
 """Runs stages in sequence (each from the last one's model and EWC state) and measures forgetting:
 the accuracy matrix R[trained stage][evaluated stage], average accuracy, backward transfer (BWT,
-Lopez-Paz & Ranzato 2017) and forgetting (Chaudhry et al. 2018)."""
+Lopez-Paz & Ranzato 2017) and forgetting (Chaudhry et al. 2018).
+
+Data-parallel (torchrun): every process trains every stage; rank 0 alone evaluates and writes the
+curriculum's files, while the others wait for it at the next stage's first collective."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import gc
 import json
 from pathlib import Path
 
-from grpo_exp.base import cpu, log
+from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.io import write_json
 from grpo_exp.base.text import markdown_table
 from grpo_exp.config.checks import validate
@@ -97,7 +100,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     result = {"stages": stages, "ewc_lambda": cfg.ewc["lambda"], "model": cfg.model.name, "seed": cfg.train.seed,
               "eval_limit": limit, "matrix": [], "base": None, "stage_metrics": []}
     earlier = _earlier_result(root, stages) if cfg.resume else None
-    if cfg.curriculum.eval_base:
+    main = dist.is_main()
+    if cfg.curriculum.eval_base and main:
         if earlier and earlier.get("base"):
             result["base"] = earlier["base"]
         else:
@@ -122,6 +126,9 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         logger.info("curriculum stage %d/%d: %s -> %s", i + 1, len(stages), stage, out_dir)
         metrics = train(stage_cfg, step_offset=step_offset)
         step_offset += metrics["steps"]
+        previous = str(out_dir)
+        if not main:
+            continue
         evals = _evaluate_dir(cfg.model, cfg.paths.cache_dir, str(out_dir / "model"), stage_cfgs[: i + 1],
                               limit, batch, cfg.train.seed)
         row = [m["accuracy"] for m in evals]
@@ -130,9 +137,10 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
                                         "reward_mean_last": metrics["reward_mean_last"], "steps": metrics["steps"],
                                         "eval": evals})
         write_json(out_dir / "curriculum_eval.json", {"sets": {s: m for s, m in zip(stages, evals)}})
-        previous = str(out_dir)
         write_json(root / "curriculum.json", result)  # kept current so a killed run leaves what it measured
 
+    if not main:
+        return result
     square = [row + [None] * (len(stages) - len(row)) for row in result["matrix"]]
     result.update(transfer_metrics(result["matrix"]))
     rows = ([("base", result["base"])] if result["base"] else []) + list(zip(stages, square))

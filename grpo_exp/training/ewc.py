@@ -9,6 +9,10 @@ pi_T is the policy at the training temperature T (softmax of logits / T): the di
 from and whose log-probabilities TRL's loss uses. Sampling at T but differentiating the untempered
 log pi would mix two distributions: the score would no longer have zero mean under the samples, and the
 estimate would not be the Fisher of either.
+
+In a data-parallel run each process samples and differentiates a share of the sequences (whole sampling
+batches, seeded as in a single process, so the shares together are the single process's sequences); the
+squared-gradient sums and counts are all-reduced, so every process holds the same estimate.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from grpo_exp.base import dist
 from grpo_exp.base.errors import ConfigError
 
 FISHER_FILE = "fisher.safetensors"
@@ -51,6 +56,15 @@ def fisher_from_sequences(model, sequences: list[tuple[torch.Tensor, int]], incl
 
     `sequences` holds (1 x T token ids, prompt length) pairs with no padding.
     """
+    fisher, used = fisher_sums(model, sequences, include_embeddings, progress, temperature)
+    if used == 0:
+        raise ValueError("no sampled completion had any tokens; cannot estimate a Fisher")
+    return {name: f / used for name, f in fisher.items()}
+
+
+def fisher_sums(model, sequences: list[tuple[torch.Tensor, int]], include_embeddings: bool = False,
+                progress: bool = True, temperature: float = 1.0) -> tuple[dict[str, torch.Tensor], int]:
+    """Sum of squared per-sequence gradients, and how many sequences it holds (empty completions count none)."""
     params = fisher_parameters(model, include_embeddings)
     fisher = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
     was_training = model.training
@@ -67,20 +81,22 @@ def fisher_from_sequences(model, sequences: list[tuple[torch.Tensor, int]], incl
         used += 1
     model.zero_grad(set_to_none=True)
     model.train(was_training)
-    if used == 0:
-        raise ValueError("no sampled completion had any tokens; cannot estimate a Fisher")
-    return {name: f / used for name, f in fisher.items()}
+    return fisher, used
 
 
 @torch.no_grad()
 def sample_sequences(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, temperature: float,
-                     batch_size: int, seed: int) -> list[tuple[torch.Tensor, int]]:
-    """One sampled completion per prompt, returned unpadded as (ids, prompt length)."""
+                     batch_size: int, seed: int, shard: tuple[int, int] = (0, 1)) -> list[tuple[torch.Tensor, int]]:
+    """One sampled completion per prompt, returned unpadded as (ids, prompt length).
+
+    shard=(i, n): only the sampling batches i, i + n, ... (process i of n); each batch is seeded by its
+    position, so the shards together hold exactly the sequences one process would sample."""
     tokenizer.padding_side = "left"
     was_training = model.training
     model.eval()
     out_seqs = []
-    for start in tqdm(range(0, len(prompts), batch_size), desc="fisher samples", leave=False):
+    index, count = shard
+    for start in tqdm(range(0, len(prompts), batch_size)[index::count], desc="fisher samples", leave=False):
         batch = prompts[start:start + batch_size]
         enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
                                             return_dict=True, padding=True).to(model.device)
@@ -203,12 +219,24 @@ def current_parameters(model: torch.nn.Module, names) -> dict[str, torch.Tensor]
 
 
 def estimate(model, tokenizer, prompts: list[list[dict]], *, samples: int, max_new_tokens: int, temperature: float,
-             batch_size: int, seed: int, include_embeddings: bool) -> dict[str, torch.Tensor]:
-    """Sample `samples` completions from the current policy and return the diagonal Fisher."""
+             batch_size: int, seed: int, include_embeddings: bool,
+             shard: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
+    """Sample `samples` completions from the current policy and return the diagonal Fisher.
+
+    shard=(rank, world size) in a data-parallel run: this process takes its share of the sampling batches,
+    and the sums and counts of all shares are all-reduced (collective: every process must call it)."""
     chosen = prompts[:samples] if len(prompts) >= samples else [prompts[i % len(prompts)] for i in range(samples)]
     sequences = sample_sequences(model, tokenizer, chosen, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 batch_size=batch_size, seed=seed)
-    fisher = fisher_from_sequences(model, sequences, include_embeddings, temperature=temperature)
+                                 batch_size=batch_size, seed=seed, shard=shard)
+    sums, used = fisher_sums(model, sequences, include_embeddings, temperature=temperature)
+    if shard[1] > 1:
+        names = sorted(sums)  # the same order on every process
+        count = torch.tensor([float(used)], device=sums[names[0]].device)
+        dist.all_reduce_sum([*(sums[n] for n in names), count])
+        used = int(count.item())
+    if used == 0:
+        raise ValueError("no sampled completion had any tokens; cannot estimate a Fisher")
+    fisher = {name: f / used for name, f in sums.items()}
     bad = [name for name, f in fisher.items() if not torch.isfinite(f).all()]
     if bad:
         raise ValueError(f"Fisher estimate is non-finite in {', '.join(bad[:5])}; not saved")

@@ -11,6 +11,9 @@ The maths is that of TRL's forward: same positions (TRL passes no position ids, 
 masks, same kernel. Only float rounding differs. tests/test_shared_prefix.py checks log-probs, entropies
 and gradients against TRL's path.
 
+Under DistributedDataParallel (torchrun) the scoring runs as the wrapped module's forward, so DDP sets up
+the gradient all-reduce for the backward that follows, as it does for TRL's own forward.
+
 A PEFT (LoRA) policy is served through its inner transformers model: peft injects the adapters into that
 model's own Linear layers, so its backbone and LM head already compute with them (and with whichever adapter
 TRL makes active, or none, for the reference log-probs); tests/training/test_lora.py checks it against TRL's
@@ -91,6 +94,32 @@ def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     first, inverse = group_rows(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
     if first.numel() == input_ids.size(0):
         return None
+    return _as_forward(model, lambda inner: _score(inner, input_ids, attention_mask, prompt_len, first, inverse,
+                                                   temperature, compute_entropy))
+
+
+def _as_forward(model, fn):
+    """`fn(module)` as the forward of a DistributedDataParallel wrapper, for this one call; `fn(model)` for any
+    other model. DDP all-reduces gradients only in a backward that its own forward prepared: scoring that
+    bypassed the wrapper would leave every process training on its own gradients."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return fn(model)
+    inner = model.module
+    saved = inner.__dict__.get("forward")  # accelerate may have put an autocast wrapper there
+    inner.forward = lambda *args, **kwargs: fn(inner)
+    try:
+        return model()
+    finally:
+        if saved is None:
+            del inner.forward
+        else:
+            inner.forward = saved
+
+
+def _score(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, first: torch.Tensor,
+           inverse: torch.Tensor, temperature: float, compute_entropy: bool):
     model = scoring_model(model)
     backbone = model.base_model
     cache_kwarg = _cache_kwarg(type(backbone))

@@ -4,6 +4,11 @@ to a model directory and its figures.
 
 Plain and testable: the entrypoint (apps/train) only calls `train` (or the curriculum, which calls it
 once per stage).
+
+Data-parallel (`torchrun --nproc_per_node=N`): every process runs `train`, TRL splits each generation
+batch across them and DDP averages the gradients. Rank 0 holds the run directory's lock and alone writes
+run files, checkpoints' shared parts, model/, evaluations and tracking (base/dist.on_main); the Fisher is
+estimated by all of them, each on its share of the samples (training/ewc.estimate).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from grpo_exp.base import cpu, log
+from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import ConfigError, TrainingHalted
 from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_json
@@ -109,35 +114,37 @@ def train(cfg, step_offset: int = 0) -> dict:
     """
     models.check_available(cfg.model, cfg.paths.cache_dir)
     run_dir = Path(cfg.paths.output_dir)
-    ensure_writable(run_dir)
-    lock = RunLock(run_dir).acquire()  # a second run on this directory fails here, naming this one's PID
+
+    def claim() -> RunLock:
+        ensure_writable(run_dir)
+        return RunLock(run_dir).acquire()  # a second run on this directory fails here, naming this one's PID
+
+    # Rank 0 holds the lock for all N processes of the run (the others would only find it held by their own
+    # rank 0); its failure to get it fails every rank with the same line.
+    lock = dist.on_main(claim, share=False)
     try:
         return _train_locked(cfg, run_dir, step_offset)
     finally:
-        lock.release()
+        if dist.is_main():
+            lock.release()
 
 
 def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
-    if cfg.resume:
-        for repaired in checkpoints.repair(run_dir):  # a kill may have cut a save short
-            logger.info(repaired)
-        finished = finished_metrics(run_dir)
-        if finished is not None:
-            logger.info("%s already finished stage %s; not retrained", run_dir, finished.get("stage"))
-            return finished
-    record_or_compare(cfg, run_dir)  # resume=true trains what the run was started with, or says what differs
-    resume_from = _prepare_resume(run_dir) if cfg.resume else None
+    finished, resume_from = dist.on_main(lambda: _open_run_dir(cfg, run_dir))  # the files are rank 0's to change
+    if finished is not None:
+        return finished
     started = time.time()
     reset_peak_rss()  # this stage's peak, not the process's (sweep jobs share one process)
 
     threads = cpu.apply(cfg.cpu)
     parts = prepare(cfg)
-    monitor = MonitorCallback(run_dir / "history.jsonl", completions_per_step(cfg.train),
+    # TRL gathers its logged figures over the processes, so the step's completions are all N processes' ones
+    monitor = MonitorCallback(run_dir / "history.jsonl", completions_per_step(cfg.train) * dist.world_size(),
                               step_offset=step_offset, stage=cfg.stage.name,
                               completions_per_generation=generation_batch(cfg.train)[0])
-    if resume_from is not None:
+    if resume_from is not None and dist.is_main():
         monitor.continue_from(read_jsonl(run_dir / "history.jsonl"))
-    tracker = _start_tracking(cfg, run_dir, step_offset)
+    tracker = _start_tracking(cfg, run_dir, step_offset) if dist.is_main() else None
     init = parts.init
     run_state = {"stage": cfg.stage.name, "step_offset": step_offset, "init_from": str(init[0]) if init else None,
                  "ewc_state": str(init[1] / ewc.FISHER_FILE) if parts.ewc_state is not None else None,
@@ -152,6 +159,20 @@ def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
         raise
     _finish_tracking(tracker, metrics, failed=False)
     return metrics
+
+
+def _open_run_dir(cfg, run_dir: Path) -> tuple[dict | None, Path | None]:
+    """Resume's repairs and checks, and the settings record: (metrics of a finished stage or None, the
+    checkpoint to resume from or None)."""
+    if cfg.resume:
+        for repaired in checkpoints.repair(run_dir):  # a kill may have cut a save short
+            logger.info(repaired)
+        finished = finished_metrics(run_dir)
+        if finished is not None:
+            logger.info("%s already finished stage %s; not retrained", run_dir, finished.get("stage"))
+            return finished, None
+    record_or_compare(cfg, run_dir)  # resume=true trains what the run was started with, or says what differs
+    return None, _prepare_resume(run_dir) if cfg.resume else None
 
 
 def ensure_writable(run_dir: Path) -> None:
@@ -200,11 +221,15 @@ class StageRun:
 
     def build(self, tracker, run_state):
         report_to = [tracker.report_to] if tracker is not None else []  # "wandb" or "trackio"
-        trainer = build_trainer(self.cfg, self.parts, output_dir=self.run_dir, callbacks=[self.monitor, self.stopper],
+        # history.jsonl and the evaluations during training are rank 0's: TRL's logged figures are already
+        # gathered over the processes, and the others wait for rank 0 at the next step's collectives
+        main = dist.is_main()
+        trainer = build_trainer(self.cfg, self.parts, output_dir=self.run_dir,
+                                callbacks=[self.monitor, self.stopper] if main else [self.stopper],
                                 report_to=report_to, run_state=run_state)
-        if self.cfg.eval.every_steps:
+        if self.cfg.eval.every_steps and main:
             trainer.add_callback(self.held_out_eval(trainer.pending_logs))
-        if self.cfg.eval.forgetting_sets:
+        if self.cfg.eval.forgetting_sets and main:
             trainer.add_callback(self.forgetting_eval(trainer.pending_logs))
         if tracker is not None:
             tracker.attach(trainer, self.monitor)  # cumulative step axis + the monitor's resource figures
@@ -268,9 +293,10 @@ class StageRun:
 
         policy = trainer.model
         adapter = lora.is_peft(policy)
-        if adapter:  # model/ (merged) is written once the adapter is no longer needed, below
+        main = dist.is_main()  # every process holds the same weights; rank 0 writes them
+        if adapter and main:  # model/ (merged) is written once the adapter is no longer needed, below
             lora.save_adapter(policy, parts.tokenizer, run_dir / lora.ADAPTER_DIR, cfg)
-        else:
+        elif main:
             save_model_dir(policy, parts.tokenizer, run_dir / "model")
         metrics = {
             "status": "interrupted" if self.stopper.signal_received else "completed",
@@ -287,6 +313,7 @@ class StageRun:
             "ewc_lambda": cfg.ewc["lambda"],
             "skipped_steps": trainer.skipped_steps,
             "peft": cfg.peft.name,
+            "processes": dist.world_size(),
         }
         if adapter:
             metrics.update({**lora.parameter_counts(policy), "lora_r": cfg.peft.r, "lora_alpha": cfg.peft.alpha,
@@ -294,10 +321,11 @@ class StageRun:
         if parts.penalty is not None:
             metrics["ewc_weighted_distance"] = parts.penalty.weighted_distance(policy)
         if self.stopper.signal_received:
-            if adapter:
+            if adapter and main:
                 lora.merge_and_save(policy, parts.tokenizer, run_dir / "model")
             metrics["wall_time_s"] = time.time() - self.started
-            write_json(run_dir / "metrics.json", metrics)
+            if main:
+                write_json(run_dir / "metrics.json", metrics)
             logger.warning("stopped by signal after step %s; checkpoint and model saved in %s; continue with "
                            "resume=true hydra.run.dir=%s", trainer.state.global_step, run_dir, run_dir)
             raise SystemExit(128 + self.stopper.signal_received)
@@ -305,6 +333,10 @@ class StageRun:
         if cfg.ewc["lambda"] > 0:  # with an adapter: over the adapter's parameters, the only ones that train
             metrics.update(consolidate_fisher(cfg, policy, parts.tokenizer, parts.train_examples,
                                               parts.ewc_state, run_dir))
+        if not main:  # the evaluations and metrics.json are rank 0's; this process is done
+            logger.info("rank %d of %d done: peak RSS %.1f MB", dist.rank(), dist.world_size(),
+                        metrics["peak_rss_mb"])  # in <run dir>/<task>.rank<r>.log
+            return metrics
         if adapter:
             policy = lora.merge_and_save(policy, parts.tokenizer, run_dir / "model")
         if cfg.eval.after_train:
@@ -347,16 +379,18 @@ def consolidate_fisher(cfg, model, tokenizer, examples: list[dict], old_state, r
     t0 = time.time()
     prompts = [data.to_messages(ex["question"], cfg.reward.system_prompt) for ex in examples]
     random.Random(cfg.train.seed).shuffle(prompts)
+    # every process estimates on its share of the samples, and all of them get the whole estimate
     fisher = ewc.estimate(
         model, tokenizer, prompts, samples=cfg.ewc["fisher_samples"],
         max_new_tokens=cfg.ewc["fisher_max_new_tokens"] or cfg.train.max_completion_length,
         temperature=cfg.train.temperature, batch_size=cfg.ewc["fisher_batch_size"], seed=cfg.train.seed,
-        include_embeddings=cfg.ewc["include_embeddings"],
+        include_embeddings=cfg.ewc["include_embeddings"], shard=(dist.rank(), dist.world_size()),
     )
     anchor = ewc.current_parameters(model, fisher.keys())
     base = old_state if old_state is not None else ewc.EwcState({}, {}, [], {})
     state = base.consolidate(fisher, anchor, cfg.ewc["gamma"], cfg.stage.name)
-    state.save(run_dir)
+    if dist.is_main():
+        state.save(run_dir)
     return {"fisher_time_s": time.time() - t0, **{k: v for k, v in state.stats().items() if k != "stages"},
             "ewc_stages": state.stages}
 

@@ -60,17 +60,32 @@ def test_estimate_differentiates_at_the_sampling_temperature(tiny, monkeypatch):
     """ewc.estimate passes its temperature to both the sampler and the gradient."""
     model, tokenizer = tiny
     seen = {}
-    real = ewc.fisher_from_sequences
+    real = ewc.fisher_sums
 
     def spy(model, sequences, include_embeddings=False, progress=True, temperature=1.0):
         seen["temperature"] = temperature
         return real(model, sequences, include_embeddings, progress=False, temperature=temperature)
 
-    monkeypatch.setattr(ewc, "fisher_from_sequences", spy)
+    monkeypatch.setattr(ewc, "fisher_sums", spy)
     prompts = [[{"role": "user", "content": "What is 1 + 2?"}]]
     ewc.estimate(model, tokenizer, prompts, samples=2, max_new_tokens=4, temperature=0.7, batch_size=2, seed=0,
                  include_embeddings=False)
     assert seen["temperature"] == 0.7
+
+
+def test_the_shards_of_a_data_parallel_run_sample_what_one_process_samples(tiny):
+    """Process i of n samples the batches i, i + n, ...; each batch is seeded by its position, so the shards
+    together are the one-process sample (tests/training/test_ddp.py checks the all-reduced Fisher)."""
+    model, tokenizer = tiny
+    prompts = [[{"role": "user", "content": f"What is {i} + 2?"}] for i in range(5)]
+    kwargs = dict(max_new_tokens=4, temperature=1.0, batch_size=2, seed=3)
+    whole = ewc.sample_sequences(model, tokenizer, prompts, **kwargs)
+    shards = [ewc.sample_sequences(model, tokenizer, prompts, shard=(i, 2), **kwargs) for i in range(2)]
+    # batches [0, 1] and [4] on process 0, [2, 3] on process 1
+    regathered = [*shards[0][:2], *shards[1], *shards[0][2:]]
+    assert len(regathered) == len(whole) == 5
+    for (ids, plen), (want, want_len) in zip(regathered, whole):
+        assert plen == want_len and torch.equal(ids, want)
 
 
 def test_embeddings_can_be_left_out(tiny):
