@@ -6,12 +6,15 @@
     grpo-bench --candidate fast=train=fast --candidate static=+train.extra.cache_implementation=static
     grpo-bench --candidate passive=cpu.omp_wait_policy=passive --candidate trl_passive=kind=trl,env.OMP_WAIT_POLICY=PASSIVE
     grpo-bench --reward-curve-steps 30           # + reward per step of both variants (bench.json, PNG)
+    grpo-bench --baseline fp32 --baseline trl-defaults --candidate engine=train.rollout=engine
 
 Variants, each in its own subprocess (so its peak RSS, the child's ru_maxrss, is its own):
   baseline  a plain `trl.GRPOTrainer` built from `trl.GRPOConfig` with TRL's defaults as the older CPU tools run
             it: fp32 (bf16=False; on the CPU, or the GPU where there is one), TRL's default gradient checkpointing left on; the GRPO settings
             (lr and its schedule, num_generations, batch and generation rounds, max_completion_length, seed, beta, loss_type, sampling,
             clipping) copied from the composed grpo-exp config, so only the performance settings differ.
+  trl-defaults  (--baseline trl-defaults) a plain `trl.GRPOTrainer` with TRL's own precision defaults, as a TRL user
+            gets it today: bf16 on (GRPOConfig's default), gradient checkpointing on; the same GRPO settings.
   grpo-exp  `grpo_exp.training.stage.prepare` + `grpo_exp.training.trainer.build_trainer` (what training runs) from conf/train.yaml composed with the same overrides (+ --override).
   <name>    each --candidate NAME=OVERRIDE[,OVERRIDE...]: grpo-exp with those extra overrides (env.VAR=VALUE:
             an environment variable of that child; kind=trl: a plain-TRL variant, e.g. with another env).
@@ -23,6 +26,18 @@ Completion tokens of a step = TRL's `completions/mean_length` x the completions 
 per-step batch, or the whole generation batch on the steps that generate when steps_per_generation > 1). Rates
 are sums over the measured steps (after the warm-up); with steps_per_generation = k the measured window is
 rounded up to whole multiples of k steps so it holds exactly one generation per k steps.
+
+The floor: before the variants run, the parent measures the machine's GEMM peak (fp32 and bf16, best of a few
+1536^3 products) and its memory read bandwidth (a 256 MB sum) with the variants' thread count, in a few seconds.
+Each variant's floor per optimizer step is then
+    6 N (completion tokens + distinct prompt tokens) / peak                 scoring forward + backward
+  + [2 N (distinct prompt tokens) / peak                                    prefill, once per prompt
+     + decoding steps x max(W / bandwidth, 2 N B / peak)] / steps_per_generation
+with N the parameters that multiply (the input embedding is a lookup; a tied LM head counts once), W = N at the
+machine's fastest GEMM dtype (2 bytes for bf16, else 4), B the rows of a generation round, decoding steps the
+longest completion of the round (TRL's completions/max_length), and peak the fastest GEMM dtype's. Attention, norms
+and the optimizer are left out, so the floor is a lower bound; each variant's mean step time is printed as a
+multiple of it.
 
 Writes bench.json, bench.md (and reward_curve.png) into --out (default outputs/bench/<timestamp>/).
 """
@@ -39,6 +54,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+BASELINES = ("fp32", "trl-defaults")
+# the variant name of each --baseline ("baseline" is the fp32 one, as before there was a choice)
+BASELINE_NAMES = {"fp32": "baseline", "trl-defaults": "trl-defaults"}
 PROFILE_PARTS = ("generation", "old_logprobs", "rewards", "policy_forward", "extra_loss", "backward", "optimizer")
 
 
@@ -146,20 +164,28 @@ def fmt(value, digits=2) -> str:
     return str(value)
 
 
-def table(results: dict, ratio_of: dict) -> str:
+def table(results: dict, ratio_of: dict, ratios_vs: dict | None = None) -> str:
+    """One row per variant; tok/s and RSS ratios against the first baseline, tok/s against any other baseline,
+    and the step time as a multiple of the machine's floor."""
+    others = [b for b in (ratios_vs or {}) if b != "baseline"]
     head = ("| variant | settings | steps | step s (median) | step s (mean) | completion tok/s | prompts/s "
-            "| peak RSS MB | tok/s ratio | RSS ratio |")
+            "| peak RSS MB | tok/s ratio | RSS ratio |" + "".join(f" tok/s vs {b} |" for b in others)
+            + " floor s | x floor |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for name, res in results.items():
         if res.get("status") != "ok":
-            lines.append(f"| {name} | FAILED (exit {res.get('returncode')}) | | | | | | | | |")
+            lines.append(f"| {name} | FAILED (exit {res.get('returncode')}) |" + " |" * (head.count("|") - 3))
             continue
         rat = ratio_of.get(name) or {}
+        floor = res.get("floor") or {}
         lines.append(
             f"| {name} | {res['settings_text']} | {res['measured_steps']} | {fmt(res['step_time_s_median'])} "
             f"| {fmt(res['step_time_s_mean'])} | {fmt(res['completion_tokens_per_s'], 1)} "
             f"| {fmt(res['prompts_per_s'], 3)} | {fmt(res['peak_rss_mb'], 0)} "
-            f"| {fmt(rat.get('completion_tokens_per_s'))} | {fmt(rat.get('peak_rss_mb'))} |")
+            f"| {fmt(rat.get('completion_tokens_per_s'))} | {fmt(rat.get('peak_rss_mb'))} |"
+            + "".join(f" {fmt(((ratios_vs or {}).get(b) or {}).get(name, {}).get('completion_tokens_per_s'))} |"
+                      for b in others)
+            + f" {fmt(floor.get('floor_s'), 3)} | {fmt(floor.get('multiple'), 1)} |")
     return "\n".join(lines)
 
 
@@ -216,7 +242,13 @@ def run(args) -> int:
                  "prompts_per_step": args.prompts_per_step}
     variants = {}
     if not args.no_baseline:
-        variants["baseline"] = {**base_spec, "kind": "trl", "overrides": []}
+        for baseline in dict.fromkeys(args.baseline or ["fp32"]):
+            variants[BASELINE_NAMES[baseline]] = {**base_spec, "kind": "trl", "overrides": [],
+                                                  "trl_defaults": baseline == "trl-defaults"}
+    limits = machine_limits(args.threads)
+    print(f"[bench] machine: GEMM peak fp32 {limits['gemm_gflops']['fp32']:.0f} GFLOP/s, bf16 "
+          f"{limits['gemm_gflops']['bf16']:.0f} GFLOP/s; memory read {limits['read_gb_s']:.1f} GB/s "
+          f"({args.threads} threads, {limits['seconds']:.1f} s)", flush=True)
     overrides, env = split_env(list(args.override))
     variants["grpo-exp"] = {**base_spec, "kind": "grpo-exp", "overrides": overrides, "env": env}
     for text in args.candidate:
@@ -229,18 +261,25 @@ def run(args) -> int:
         variants[name] = {**base_spec, "kind": kind, "overrides": overrides, "env": env}
 
     results = {name: run_child(name, spec, out_dir) for name, spec in variants.items()}
-    base = results.get("baseline")
-    ratio_of = {}
-    if base and base.get("status") == "ok":
-        ratio_of = {n: ratios(base, r) for n, r in results.items() if r.get("status") == "ok"}
+    for res in results.values():
+        if res.get("status") == "ok":
+            res["floor"] = step_floor(res, limits)
+    baseline_names = [n for n, spec in variants.items() if spec["kind"] == "trl" and "trl_defaults" in spec]
+    ratios_vs = {b: {n: ratios(results[b], r) for n, r in results.items() if r.get("status") == "ok"}
+                 for b in baseline_names if results[b].get("status") == "ok"}
+    # ratios against the first baseline asked for (the fp32 one unless only trl-defaults was)
+    ratio_of = ratios_vs.get(baseline_names[0], {}) if baseline_names else {}
     report = {
         "command": " ".join(["grpo-bench", *sys.argv[1:]]),
         "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
         "machine": machine_info(),
+        "machine_limits": limits,
         "variants": {n: {k: v for k, v in r.items() if k not in ("steps", "profile_steps")} for n, r in results.items()},
         "steps": {n: r.get("steps") for n, r in results.items()},
         "profile_steps": {n: r.get("profile_steps") for n, r in results.items() if r.get("profile_steps")},
         "ratio_vs_baseline": ratio_of,
+        "ratios_vs": ratios_vs,
+        "floor": {n: r.get("floor") for n, r in results.items() if r.get("floor")},
     }
     if args.reward_curve_steps:
         report["reward_curves"] = {n: r.get("reward_curve") for n, r in results.items()}
@@ -248,9 +287,11 @@ def run(args) -> int:
             report["reward_curve_png"] = str(out_dir / "reward_curve.png")
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
 
-    main_table = table(results, ratio_of)
+    main_table = table(results, ratio_of, ratios_vs)
     md = ["# Benchmark: grpo-exp vs plain TRL GRPOTrainer\n", f"`{report['command']}`\n",
-          f"Machine: {report['machine']}\n", main_table, ""]
+          f"Machine: {report['machine']}; GEMM peak fp32 {limits['gemm_gflops']['fp32']:.0f} / bf16 "
+          f"{limits['gemm_gflops']['bf16']:.0f} GFLOP/s, memory read {limits['read_gb_s']:.1f} GB/s "
+          f"({args.threads} threads)\n", main_table, ""]
     prof = profile_table(results)
     if prof:
         md += ["## Profile\n", prof, ""]
@@ -260,6 +301,69 @@ def run(args) -> int:
         print("\n" + prof)
     print(f"\n[bench] wrote {out_dir / 'bench.json'} and bench.md")
     return 0 if all(r.get("status") == "ok" for r in results.values()) else 1
+
+
+def machine_limits(threads: int, size: int = 1536, reps: int = 3) -> dict:
+    """The machine's GEMM peak (fp32, bf16) and memory read bandwidth with `threads` threads, in a few seconds:
+    the best of a few square products and of a few sums over 256 MB (larger than any cache)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    t_start = time.perf_counter()
+    try:
+        peaks = {}
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+            best = _best_time(lambda: torch.mm(a, b), reps)
+            peaks[name] = 2 * size ** 3 / best / 1e9
+        data = torch.ones(64 * 1024 * 1024)
+        read = data.numel() * 4 / _best_time(data.sum, reps) / 1e9
+    finally:
+        torch.set_num_threads(saved)
+    return {"gemm_gflops": {k: round(v, 1) for k, v in peaks.items()}, "read_gb_s": round(read, 2),
+            "threads": threads, "seconds": round(time.perf_counter() - t_start, 2)}
+
+
+def _best_time(fn, reps: int) -> float:
+    fn()  # warm-up (first-touch, oneDNN primitive creation)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def step_floor(res: dict, limits: dict) -> dict:
+    """The machine's floor for one optimizer step of this variant (see the module docstring) and the variant's
+    mean step time as a multiple of it."""
+    model = res["model_shape"]
+    n = model["matmul_params"]
+    peaks = limits["gemm_gflops"]
+    dtype = "bf16" if peaks["bf16"] > peaks["fp32"] else "fp32"
+    peak = peaks[dtype] * 1e9
+    weight_bytes = n * (2 if dtype == "bf16" else 4)
+    bandwidth = limits["read_gb_s"] * 1e9
+    steps = [s for s in res["steps"] if s["measured"]]
+    spg = res["settings"]["steps_per_generation"] or 1
+    rows = res["settings"]["generation_batch_size"]
+    groups = res["settings"]["num_generations"]
+    per_step = res["settings"]["per_device_train_batch_size"] * res["settings"]["gradient_accumulation_steps"]
+    completion_tokens = res["completion_tokens"] / len(steps) if steps else 0.0  # a round's, spread over its steps
+    prompt_tokens = model["prompt_tokens_mean"]
+    train_flops = 6 * n * (completion_tokens + prompt_tokens * per_step / groups)
+    decode_steps = [s["max_length"] for s in steps if s.get("max_length") is not None]
+    decode = statistics.mean(decode_steps) if decode_steps else res["settings"]["max_completion_length"]
+    per_decode_step = max(weight_bytes / bandwidth, 2 * n * rows / peak)
+    generation_s = (2 * n * prompt_tokens * rows / groups / peak + decode * per_decode_step) / spg
+    floor = train_flops / peak + generation_s
+    step = res.get("step_time_s_mean")
+    return {"floor_s": round(floor, 4), "train_s": round(train_flops / peak, 4), "generation_s": round(generation_s, 4),
+            "decode_bound": "memory" if weight_bytes / bandwidth >= 2 * n * rows / peak else "compute",
+            "dtype": dtype, "matmul_params": n, "decode_steps": round(decode, 1),
+            "completion_tokens_per_step": round(completion_tokens, 1), "prompt_tokens_mean": round(prompt_tokens, 1),
+            "multiple": round(step / floor, 2) if step and floor else None}
 
 
 def machine_info() -> str:
@@ -326,6 +430,7 @@ class StepRecorder:
                 row["generated"] = mean_len is not None
                 row["mean_length"] = mean_len
                 row["tokens"] = float(mean_len) * rec.gen_batch if mean_len is not None else 0.0
+                row["max_length"] = logs.get("completions/max_length")
                 for key in ("reward", "loss", "grad_norm"):
                     if logs.get(key) is not None:
                         row[key] = logs[key]
@@ -370,15 +475,17 @@ def compose(overrides: list[str], output_dir: Path):
     return compose_config("train", [*overrides, f"paths.output_dir={output_dir}"])
 
 
-def plain_trl_config(train, output_dir: Path, reward_weights: list[float], max_steps: int):
+def plain_trl_config(train, output_dir: Path, reward_weights: list[float], max_steps: int,
+                     trl_defaults: bool = False):
     """GRPOConfig as a plain user writes it: TRL's defaults, fp32 (on the GPU where there is one, else the
-    CPU), the GRPO settings of the run."""
+    CPU), the GRPO settings of the run. `trl_defaults`: TRL's own precision default too (bf16 on)."""
     import torch
     from trl import GRPOConfig
 
+    precision = {} if trl_defaults else {"bf16": False}  # GRPOConfig defaults to bf16=True
     return GRPOConfig(
         output_dir=str(output_dir),
-        bf16=False,
+        **precision,
         use_cpu=not torch.cuda.is_available(),  # on a GPU machine the baseline runs on the GPU too
         # gradient checkpointing: TRL's default (on), as a plain user gets it
         per_device_train_batch_size=train.per_device_train_batch_size,
@@ -462,7 +569,8 @@ def child_main(spec_path: Path) -> int:
 
         trainer = GRPOTrainer(model=parts.model, reward_funcs=parts.reward_funcs, train_dataset=parts.train_dataset,
                               processing_class=parts.tokenizer, callbacks=[recorder.callback],
-                              args=plain_trl_config(cfg.train, out / "checkpoints", parts.reward_weights, total))
+                              args=plain_trl_config(cfg.train, out / "checkpoints", parts.reward_weights, total,
+                                                    trl_defaults=spec.get("trl_defaults", False)))
     if spec["profile"]:
         recorder.instrument(trainer)
     a = trainer.args
@@ -474,6 +582,8 @@ def child_main(spec_path: Path) -> int:
         "learning_rate": a.learning_rate, "num_generations": a.num_generations,
         "per_device_train_batch_size": a.per_device_train_batch_size,
         "max_completion_length": a.max_completion_length,
+        "gradient_accumulation_steps": a.gradient_accumulation_steps,
+        "rollout": cfg.train.rollout if ours else "trl",
         "shared_prefix": bool(getattr(trainer, "share_prefixes", False)),
         # peft=lora: the adapter rank and how many parameters train (the optimizer state scales with them)
         "peft": f"lora r={cfg.peft.r}" if ours and cfg.peft.name == "lora" else "none",
@@ -491,12 +601,14 @@ def child_main(spec_path: Path) -> int:
                      f"gen batch {gen_batch}" + (f", cache {settings['cache_implementation']}"
                                                  if settings["cache_implementation"] else "")
                      + (", shared prefix" if settings["shared_prefix"] else "")
-                     + (f", {settings['peft']}" if settings["peft"] != "none" else "") + f", {settings['threads']} thr")
+                     + (f", {settings['peft']}" if settings["peft"] != "none" else "")
+                     + (", rollout engine" if settings["rollout"] == "engine" else "") + f", {settings['threads']} thr")
     result = {
         "name": spec["name"], "kind": spec["kind"], "overrides": spec["overrides"], "settings": settings,
         "settings_text": settings_text, "prompts_per_step": spec["prompts_per_step"], "model": cfg.model.name,
         "model_load_s": round(load_s, 2), "warmup_steps": spec["warmup"], "total_steps": total,
         "child_vmhwm_mb": _vmhwm_mb(), "steps": recorder.steps,
+        "model_shape": model_shape(parts.model, parts.tokenizer, parts.train_dataset),
         "profile_steps": recorder.profile_steps or None,
         "torch": torch.__version__, "env": {k: os.environ.get(k) for k in env_names},
         "env_at_start": env_at_start,  # what OpenMP read when torch loaded (grpo-exp: after grpo_exp's default)
@@ -504,6 +616,22 @@ def child_main(spec_path: Path) -> int:
     }
     (out / "result.json").write_text(json.dumps(result, indent=2))
     return 0
+
+
+def model_shape(model, tokenizer, dataset, prompts: int = 64) -> dict:
+    """What the floor needs: the parameters that multiply (a tied LM head counts once, the input embedding is a
+    lookup) and the mean chat-templated prompt length of the first training prompts."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    total = sum(p.numel() for p in inner.parameters())
+    embed = inner.get_input_embeddings().weight
+    head = inner.get_output_embeddings()
+    tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
+    matmul = total - (0 if tied else embed.numel())
+    rows = [dataset[i]["prompt"] for i in range(min(prompts, len(dataset)))]
+    lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False))
+               if isinstance(p, list) else len(tokenizer(p)["input_ids"]) for p in rows]
+    return {"total_params": total, "matmul_params": matmul, "tied_lm_head": tied,
+            "prompt_tokens_mean": statistics.mean(lengths) if lengths else 0.0}
 
 
 def _vmhwm_mb() -> float | None:

@@ -28,7 +28,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--candidate", action="append", default=[], metavar="NAME=OVR[,OVR...]",
                    help="an extra grpo-exp variant with these overrides (repeatable); env.VAR=VALUE sets an "
                         "environment variable of its process; kind=trl makes it a plain-TRL variant")
-    p.add_argument("--no-baseline", action="store_true", help="skip the plain TRL baseline")
+    p.add_argument("--baseline", action="append", choices=bench.BASELINES, default=None,
+                   help="plain-TRL baseline(s), repeatable: fp32 (variant 'baseline': bf16 off, TRL's gradient "
+                        "checkpointing; the default) and/or trl-defaults (TRL's own defaults: bf16 on, gradient "
+                        "checkpointing on); ratios are against the first")
+    p.add_argument("--no-baseline", action="store_true", help="skip the plain TRL baseline(s)")
     p.add_argument("--profile", action="store_true",
                    help="time generation, old logprobs, rewards, forward, backward, optimizer inside each step")
     p.add_argument("--reward-curve-steps", type=int, default=0,

@@ -20,6 +20,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from grpo_exp.base import dist
 from grpo_exp.base.cpu import PRECISIONS, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.log import LEVELS
@@ -218,6 +219,18 @@ class TrainConfig:
     # Score each distinct prompt once per batch instead of once per completion (training/shared_prefix.py):
     # the same log-probs and gradients as TRL's forward, with less work. Off when gradient checkpointing is on.
     shared_prefix: bool = True
+    # Who samples the completions: trl (TRL's `generate`) or engine (training/rollout.py: a rollout copy of the
+    # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance)
+    rollout: str = "trl"
+    rollout_dtype: str = "auto"  # auto: bf16 where the hardware computes it natively, else fp32
+    rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
+    # cdf: one uniform number per row (fast); multinomial: generate's draws (the same tokens under the same seed)
+    rollout_sampler: str = "cdf"
+    # engine: weigh each token's loss by pi_train / pi_sampler (TRL's vLLM correction), capped at rollout_is_cap,
+    # per token or per sequence, truncated or masked (TRL's vllm_importance_sampling_mode)
+    rollout_is_correction: bool = True
+    rollout_is_mode: str = "token_truncate"
+    rollout_is_cap: float = 3.0
     logging_steps: int = 1
     save_steps: int = MISSING
     save_total_limit: Optional[int] = MISSING
@@ -226,6 +239,10 @@ class TrainConfig:
 
     LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
     REWARD_SCALINGS = ("group", "batch", "none")
+    ROLLOUTS = ("trl", "engine")
+    ROLLOUT_DTYPES = ("auto", "bf16", "fp32")
+    ROLLOUT_SAMPLERS = ("cdf", "multinomial")
+    IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
     @staticmethod
     def check(train: Any) -> None:
@@ -242,12 +259,27 @@ class TrainConfig:
         require_choice("train.precision", train.precision, PRECISIONS)
         require_choice("train.loss_type", train.loss_type, TrainConfig.LOSS_TYPES)
         require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)
+        require_choice("train.rollout", train.rollout, TrainConfig.ROLLOUTS)
+        require_choice("train.rollout_dtype", train.rollout_dtype, TrainConfig.ROLLOUT_DTYPES)
+        require_choice("train.rollout_sampler", train.rollout_sampler, TrainConfig.ROLLOUT_SAMPLERS)
+        require_choice("train.rollout_is_mode", train.rollout_is_mode, TrainConfig.IS_MODES)
+        require(train.rollout_compile in ("auto", True, False),
+                f"train.rollout_compile={train.rollout_compile!r} is not valid; choose one of: auto, true, false")
+        # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set
+        require(not (train.rollout == "engine" and train.rollout_is_correction and train.loss_type == "vespo"
+                     and not train.rollout_is_mode.startswith("token")),
+                f"train.loss_type=vespo needs a token-level train.rollout_is_mode (token_truncate or token_mask), "
+                f"not {train.rollout_is_mode}")
+        require(math.isfinite(train.rollout_is_cap) and train.rollout_is_cap >= 1,
+                f"train.rollout_is_cap={train.rollout_is_cap} must be a finite number >= 1 (the largest weight "
+                f"pi_train / pi_sampler a token or sequence keeps)")
         gen_batch, _ = generation_batch(train)
         if gen_batch % train.num_generations:
             divisors = [d for d in range(2, gen_batch + 1) if gen_batch % d == 0]
+            processes = f" x {dist.world_size()} processes" if dist.is_distributed() else ""
             raise ConfigError(
                 f"train.num_generations={train.num_generations} does not divide the generation batch of {gen_batch} "
-                f"completions (train.per_device_train_batch_size x steps_per_generation); use one of "
+                f"completions (train.per_device_train_batch_size x steps_per_generation{processes}); use one of "
                 f"{', '.join(map(str, divisors))} or change the batch size")
         extra = OmegaConf.to_container(train.extra) if isinstance(train.extra, DictConfig) else dict(train.extra or {})
         if extra:
@@ -260,19 +292,33 @@ class TrainConfig:
             require(not clash, f"set {', '.join(clash)} as train.<name>, not inside train.extra")
 
 
-def generation_batch(train: Any) -> tuple[int, int]:
-    """(completions per generation round, per-device batches it feeds), as GRPOConfig derives them. The
-    second is TRL's steps_per_generation: optimizer steps only when gradient_accumulation_steps is 1."""
+def generation_batch(train: Any, world_size: int | None = None) -> tuple[int, int]:
+    """(completions per generation round over all processes, per-device batches it feeds), as GRPOConfig
+    derives them. The second is TRL's steps_per_generation: optimizer steps only when
+    gradient_accumulation_steps is 1.
+
+    `world_size`: the processes of a data-parallel run (default: as the launcher's environment says). As in
+    TRL, per_device_train_batch_size is per process, so N processes train on N times its completions, and an
+    explicit train.generation_batch_size is the round's total, split across them."""
+    processes = dist.world_size() if world_size is None else world_size
     per_step = train.per_device_train_batch_size
     if train.generation_batch_size is not None and train.steps_per_generation is not None:
         raise ConfigError("set only one of train.generation_batch_size and train.steps_per_generation, not both")
     if train.generation_batch_size is not None:
-        if train.generation_batch_size % per_step:
-            raise ConfigError(f"train.generation_batch_size={train.generation_batch_size} must be a multiple of "
+        gen = train.generation_batch_size
+        if processes > 1 and gen % (per_step * processes):
+            fits = [m for m in range(per_step * processes, 4 * max(gen, per_step * processes) + 1,
+                                     per_step * processes)][:3]
+            raise ConfigError(f"{processes} processes do not divide the generation batch of {gen} completions "
+                              f"(train.generation_batch_size) into per-process batches of "
+                              f"train.per_device_train_batch_size={per_step}; use a multiple of {processes} x "
+                              f"{per_step} (e.g. {', '.join(map(str, fits))}) or another number of processes")
+        if gen % per_step:
+            raise ConfigError(f"train.generation_batch_size={gen} must be a multiple of "
                               f"train.per_device_train_batch_size={per_step}")
-        return train.generation_batch_size, train.generation_batch_size // per_step
+        return gen, gen // (per_step * processes)
     spg = train.steps_per_generation or train.gradient_accumulation_steps
-    return per_step * spg, spg
+    return per_step * spg * processes, spg
 
 
 @dataclass

@@ -22,16 +22,17 @@ from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from grpo_exp.base import log
+from grpo_exp.base import dist, log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
-from grpo_exp.training import checkpoints, shared_prefix
+from grpo_exp.training import checkpoints, rollout, shared_prefix
 
 logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix"}
+_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "rollout", "rollout_dtype", "rollout_compile",
+                    "rollout_sampler", "rollout_is_correction", "rollout_is_mode", "rollout_is_cap"}
 
 
 class LossTerm(Protocol):
@@ -52,6 +53,11 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
     # and TRL's own default (True) would otherwise slow a small CPU model by ~20%.
     if "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:  # older releases lack it
         kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
+    if values.get("rollout") == "engine":
+        # TRL's importance-sampling correction of vLLM rollouts, which the engine turns on (training/rollout.py)
+        kwargs.update(vllm_importance_sampling_correction=values["rollout_is_correction"],
+                      vllm_importance_sampling_mode=values["rollout_is_mode"],
+                      vllm_importance_sampling_clip_max=values["rollout_is_cap"])
     kwargs.update(extra)
     # transformers only allows bf16 autocast on the CPU when told the run is CPU-only.
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
@@ -96,7 +102,7 @@ class NonFiniteError(RuntimeError):
 class GrpoExpTrainer(GRPOTrainer):
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
-                 share_prefixes: bool = False, **kwargs):
+                 share_prefixes: bool = False, rollout_cfg=None, **kwargs):
         self.on_nonfinite = on_nonfinite
         # on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that
         # trains on it), a NaN/inf loss the rest of its round; poisoned steps change no parameter or state
@@ -120,6 +126,9 @@ class GrpoExpTrainer(GRPOTrainer):
             if why_not:
                 logger.info("train.shared_prefix: off for %s; TRL's own forward scores the batch", why_not)
                 self.share_prefixes = False
+        # train.rollout=engine: grpo-exp's sampler through TRL's rollout_func (None: TRL's generate)
+        self.rollout_engine = (rollout.build_engine(self, rollout_cfg)
+                               if rollout_cfg is not None and rollout_cfg.rollout == "engine" else None)
 
     def _guard_reward(self, func: Callable) -> Callable:
         """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
@@ -163,6 +172,20 @@ class GrpoExpTrainer(GRPOTrainer):
             entropies.append(scored[1])
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
+    def _generate_and_score_completions(self, inputs):
+        """TRL's; with the rollout engine, the sampler's mismatch with the trained policy is logged every round."""
+        output = super()._generate_and_score_completions(inputs)
+        if self.rollout_engine is not None and "old_per_token_logps" in output:
+            mask = output["completion_mask"]
+            stats = rollout.mismatch_metrics(output["old_per_token_logps"], output["sampling_per_token_logps"], mask,
+                                             self.args.vllm_importance_sampling_mode,
+                                             self.args.vllm_importance_sampling_clip_max,
+                                             self.args.vllm_importance_sampling_clip_min)
+            mode = "train" if self.model.training else "eval"
+            for key, value in stats.items():
+                self._metrics[mode][key].append(value)
+        return output
+
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
         sampler.__class__ = EpochSeededSampler  # same fields; only the per-epoch seeding differs
@@ -191,15 +214,22 @@ class GrpoExpTrainer(GRPOTrainer):
         return loss
 
     def _save_checkpoint(self, model, trial):
-        """HF's checkpoint, written into a staging directory and renamed into place when complete."""
+        """HF's checkpoint, written into a staging directory and renamed into place when complete.
+
+        Data-parallel: rank 0 writes the weights, optimizer and state, every rank its own RNG state; rank 0
+        publishes once all of them have written."""
         run_dir = Path(self._get_output_dir(trial=trial))
         final = run_dir / f"checkpoint-{self.state.global_step}"
         staging = checkpoints.staging_dir(final)
         staging.mkdir(parents=True, exist_ok=True)
         original = self.args.output_dir
+        main = self.accelerator.is_main_process
         self.args.output_dir = str(staging)  # HF writes <output_dir>/checkpoint-N; point it at the staging area
         try:
             super()._save_checkpoint(model, trial)
+            dist.barrier()  # every rank's rng_state_<rank>.pth is in the staging area
+            if not main:
+                return
             written = staging / final.name
             checkpoints.write_state(written, {**self.run_state, "global_step": self.state.global_step})
             checkpoints.publish(written, final)
@@ -212,13 +242,14 @@ class GrpoExpTrainer(GRPOTrainer):
             raise
         finally:
             self.args.output_dir = original
-            shutil.rmtree(staging, ignore_errors=True)
+            if main:
+                shutil.rmtree(staging, ignore_errors=True)
         rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
                            best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
 
     def extra_loss_term(self, model) -> torch.Tensor:
         """The extra term for one micro-batch: logged at full value, added at 1/accumulation steps."""
-        term = self.extra_loss(model)
+        term = self.extra_loss(self.accelerator.unwrap_model(model))  # its parameter names, not DDP's module.*
         self._metrics["train"][self.extra_loss.name].append(float(term.detach()))
         # TRL scales the policy loss for gradient accumulation itself (HF auto-scaling is off), so scale ours too:
         # the accumulated gradient then equals one full-batch gradient of the term.
@@ -267,6 +298,11 @@ class _DropPoisonedUpdates(TrainerCallback):
         trainer = self.trainer
 
         def step(*a, **k):
+            # data-parallel: a non-finite value on one rank drops the update on all, or their weights part
+            drop = dist.any_rank(trainer._drop_update)
+            if drop and not trainer._drop_update:
+                trainer._drop_update = True
+                trainer._round_poisoned = trainer._round_poisoned or "a non-finite value on another process"
             optimizer._is_overflow = trainer._drop_update
             if trainer._drop_update:
                 return None
@@ -310,6 +346,9 @@ class GracefulStop(TrainerCallback):
                        signal.Signals(signum).name)
 
     def on_step_end(self, args, state, control, **kwargs):
+        # data-parallel: every rank stops after the same step (a signal may reach them at different moments)
+        if dist.any_rank(self.signal_received is not None) and self.signal_received is None:
+            self.signal_received = signal.SIGTERM
         if self.signal_received is not None:
             control.should_save = True
             control.should_training_stop = True
@@ -328,11 +367,13 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
         processing_class=parts.tokenizer,
         callbacks=callbacks,
         extra_loss=parts.penalty,
-        completions_path=Path(output_dir) / "completions.jsonl",
+        # TRL gathers the prompts and completions it logs on every rank; rank 0 writes them
+        completions_path=Path(output_dir) / "completions.jsonl" if dist.is_main() else None,
         completions_every=cfg.completions_every,
         on_nonfinite=cfg.on_nonfinite,
         run_state=run_state,
         share_prefixes=cfg.train.shared_prefix,
+        rollout_cfg=cfg.train,
     )
 
 

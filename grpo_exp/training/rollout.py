@@ -1,0 +1,463 @@
+"""grpo-exp's own rollout engine (`train.rollout=engine`): GRPO's sampling without HF `generate`.
+
+Why: on a CPU, generation was more than half of a GRPO step, and `generate` under bf16 autocast recasts the
+fp32 weights on every op of every token, runs eager Python for each decoding step, and grows its KV cache
+with `cat`. The engine instead keeps
+
+- a rollout copy of the policy in the machine's fastest native dtype (bf16 where the CPU computes it natively,
+  fp32 elsewhere), refreshed in place (no re-allocation) before the first generation after an optimizer step;
+- a static KV cache (transformers' StaticCache, allocated once per batch shape);
+- a batched prefill that runs each distinct prompt once (a GRPO batch holds every prompt `num_generations`
+  times) and copies its cache rows to the group;
+- attention that groups the query heads sharing a key/value head instead of copying the cache per head;
+- a decoding step compiled with `torch.compile` where a C++ compiler is present (eager otherwise; a warning
+  says which);
+- the sampler's own per-token log-probs, after temperature, top-k and top-p (vLLM's "processed" log-probs).
+
+It plugs into TRL through `rollout_func` (GRPOTrainer calls it with the prompts and the trainer, and expects
+`prompt_ids`, `completion_ids` and `logprobs`). Sampling follows `generate`'s distribution: fp32 logits,
+temperature, then top-k, then top-p, the whole batch every step, pad tokens after EOS. With sampler=multinomial
+and an fp32 copy it draws the same tokens as `generate` under the same seed; the default sampler=cdf draws from
+the same distribution with one uniform number per row (tests/training/test_rollout.py checks both).
+
+Where the copy's dtype differs from the trained policy's, the samples come from a slightly different policy.
+`enable_is_correction` turns on TRL's own truncated importance-sampling correction (the one it applies to vLLM
+rollouts) on the sampler's log-probs, and `mismatch_metrics` logs the mismatch (mean KL, share of clipped tokens).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import os
+import shutil
+import time
+from types import SimpleNamespace
+
+import torch
+
+from grpo_exp.base import log
+from grpo_exp.training import shared_prefix
+
+logger = log.get_logger(__name__)
+
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+DTYPES = ("auto", "bf16", "fp32")
+SAMPLERS = ("cdf", "multinomial")
+# the cache length is rounded up to this, so prompts of slightly different lengths reuse one compiled step
+_CACHE_BUCKET = 64
+
+
+def native_dtype() -> torch.dtype:
+    """bf16 where the hardware computes it natively (CUDA with bf16, AVX512-BF16, AMX); fp32 elsewhere, where
+    bf16 is emulated and slower than fp32."""
+    from grpo_exp.base.cpu import resolve_precision
+
+    return torch.bfloat16 if resolve_precision("auto") == "bf16" else torch.float32
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    return native_dtype() if name == "auto" else {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def compiler_missing() -> str | None:
+    """Why torch.compile cannot build the CPU decoding step here (None when it can): inductor writes C++."""
+    try:
+        import torch._inductor  # noqa: F401
+    except Exception as err:  # a stripped build
+        return f"torch._inductor is not importable ({err})"
+    cxx = os.environ.get("CXX")
+    if not any(shutil.which(c) for c in ([cxx] if cxx else []) + ["g++", "clang++"]):
+        return "no C++ compiler (g++ or clang++) on PATH"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(model_type: type) -> str:
+    """transformers 5 renamed `past_key_values` to `cache` in a minor release; the pin allows both."""
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
+def _static_layers_ok(config) -> str | None:
+    """The engine writes the prefix into transformers' StaticLayer directly; other layer kinds (sliding
+    window, linear attention) or older layers without a tensor length are left to TRL's path."""
+    try:
+        from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
+    except ImportError:
+        return "a transformers release without StaticCache"
+    cache = StaticCache(config=config, max_cache_len=8)
+    if not all(type(layer) is StaticLayer for layer in cache.layers):
+        return "a model with sliding-window or other non-static cache layers"
+    layer = cache.layers[0]
+    if not (hasattr(layer, "cumulative_length") and hasattr(layer, "lazy_initialization")):
+        return "a transformers release whose StaticLayer has no cumulative_length"
+    return None
+
+
+def unsupported_reason(trainer) -> str | None:
+    """Why the engine cannot serve this trainer (None when it can); TRL's generation then runs."""
+    model = trainer.model
+    args = trainer.args
+    if hasattr(model, "get_base_model") or hasattr(model, "peft_config"):
+        return "a PEFT model (the rollout copy would need the adapter merged)"
+    if getattr(trainer, "_is_vlm", False):
+        return "a vision-language model"
+    if getattr(trainer, "tools", None) or getattr(trainer, "environment_factories", None) is not None:
+        return "tools or environments"
+    if args.use_vllm or getattr(args, "use_transformers_continuous_batching", False):
+        return "use_vllm or continuous batching (another generation backend)"
+    if trainer.repetition_penalty != 1.0:
+        return f"repetition_penalty={trainer.repetition_penalty}"
+    if trainer.min_p is not None:
+        return f"min_p={trainer.min_p}"
+    if args.generation_kwargs:
+        return f"generation_kwargs {sorted(args.generation_kwargs)}"
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    # the engine applies the LM head itself, as train.shared_prefix does: the same models qualify
+    return shared_prefix.unsupported_reason(model) or _static_layers_ok(model.config)
+
+
+ATTENTION = "grpo_rollout"
+
+
+def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Attention for the rollout copy (transformers' attention interface).
+
+    Why not `sdpa`: on a CPU with a mask, transformers first copies every key/value head to each of its query
+    heads (`repeat_kv`), over the whole static cache, for every layer and token. Here the query heads that
+    share a key/value head are grouped instead, and the products are taken as key @ query^T and probs^T @ value
+    so that the large operand, the cache, is read in place (a transposed cache operand makes `bmm` copy it).
+    Softmax in fp32, as transformers' eager attention."""
+    b, h, q, d = query.shape
+    kv = key.shape[1]
+    g = h // kv
+    # query head j*g + i uses key/value head j (repeat_kv's order): group them along the query axis
+    grouped = query.reshape(b, kv, g * q, d)
+    scores = torch.matmul(key, grouped.transpose(2, 3)).view(b, kv, -1, g, q)  # [b, kv, L, g, q]
+    if attention_mask is not None:  # [b, 1, q, L], additive, the same for every head
+        scores = scores + attention_mask.transpose(2, 3)[:, :, :, None, :]
+    probs = torch.softmax(scores * scaling, dim=2, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(probs.view(b, kv, -1, g * q).transpose(2, 3), value)  # [b, kv, g*q, d]
+    return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+def _use_grouped_attention(model: torch.nn.Module) -> bool:
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+        AttentionInterface.register(ATTENTION, grouped_attention)
+        AttentionMaskInterface.register(ATTENTION, eager_mask)  # additive 0 / -inf masks, never skipped
+        model.set_attn_implementation(ATTENTION)
+    except Exception as err:  # another transformers release: keep the model's own attention
+        logger.info("rollout engine: the model's own attention is used (%s)", err)
+        return False
+    return True
+
+
+def rollout_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of `model` with its parameters in `dtype`, built without a transient full-precision copy
+    (each parameter is cast straight into the copy; tied parameters stay tied). Buffers stay as they are:
+    the rotary frequencies keep their fp32 values, as the trained policy uses them."""
+    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
+            for p in model.parameters()}
+    shell = copy.deepcopy(model, memo)
+    shell.__dict__.pop("forward", None)  # accelerate's autocast wrapper, if the model was prepared already
+    shell.eval()
+    _use_grouped_attention(shell)
+    return shell
+
+
+class RolloutEngine:
+    """Samples GRPO completions from a rollout copy of the policy; `rollout` is TRL's `rollout_func`."""
+
+    def __init__(self, policy: torch.nn.Module, *, dtype: torch.dtype, compile: bool | str = "auto",
+                 max_new_tokens: int, temperature: float = 1.0, top_k: int | None = 0, top_p: float = 1.0,
+                 eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf"):
+        if sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
+        self.sampler = sampler
+        self.dtype = dtype
+        self.model = rollout_copy(policy, dtype)
+        self.device = next(self.model.parameters()).device
+        self.max_new_tokens = int(max_new_tokens)
+        self.temperature = float(temperature)
+        self.top_k = int(top_k or 0)
+        self.top_p = float(top_p if top_p is not None else 1.0)
+        self.eos = torch.tensor(sorted(set(eos_token_ids)), device=self.device)
+        self.pad = int(pad_token_id)
+        self.synced_step: int | None = None
+        self._cache = None  # (batch, max_len) -> StaticCache, kept so the compiled step sees the same tensors
+        self._cache_key: tuple[int, int] | None = None
+        self._max_len = 0
+        self.backbone = self.model.base_model  # the decoder without its LM head
+        self.head = self.model.get_output_embeddings()
+        self._cache_kwarg = _cache_kwarg(type(self.backbone))
+        self.timings: dict[str, float] = {}
+        self.compiled = False
+        why = None
+        if compile in ("auto", True):
+            why = compiler_missing() if self.device.type == "cpu" else None
+        if compile is False:
+            why = "train.rollout_compile=false"
+        if why is None:
+            self._step = torch.compile(self._eager_step, dynamic=False)
+            self.compiled = True
+            logger.warning("rollout engine: %s copy of the policy, decoding step compiled with torch.compile "
+                           "(inductor); the first round includes compilation", str(dtype).replace("torch.", ""))
+        else:
+            self._step = self._eager_step
+            logger.warning("rollout engine: %s copy of the policy, decoding step runs eager (%s)",
+                           str(dtype).replace("torch.", ""), why)
+
+    # ------------------------------------------------------------------------------------------------- weights
+
+    @torch.no_grad()
+    def refresh(self, policy: torch.nn.Module) -> None:
+        """Copy the policy's current weights into the rollout copy, in place (cast to its dtype)."""
+        src = dict(policy.named_parameters())
+        for name, param in self.model.named_parameters():
+            param.copy_(src[name].detach())
+
+    def sync(self, trainer) -> None:
+        """Refresh once per optimizer step, before that step's first generation (TRL's vLLM sync does the same)."""
+        step = trainer.state.global_step
+        if self.synced_step != step:
+            policy = trainer.model
+            policy = getattr(policy, "module", policy)  # DDP wrapper
+            t0 = time.perf_counter()
+            self.refresh(policy)
+            self.timings["refresh_s"] = time.perf_counter() - t0
+            self.synced_step = step
+
+    # ------------------------------------------------------------------------------------------------ sampling
+
+    def _last_logits(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
+        """The next-token logits (fp32) after the last position of every row. The LM head is applied to a 2-D
+        hidden state: `logits_to_keep=1` slices [B, 1, H] out of a longer sequence, and torch's matmul then
+        expands the head's weight to a [B, H, V] copy (0.6 s for 4 prompts of the default model)."""
+        out = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                            use_cache=True, **{self._cache_kwarg: cache})
+        hidden = out.last_hidden_state[:, -1]
+        return torch.nn.functional.linear(hidden, self.head.weight, self.head.bias).float()
+
+    def _eager_step(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
+        """One decoding step: the next-token logits (fp32) of every row."""
+        return self._last_logits(input_ids, position_ids, attention_mask, cache)
+
+    def _sample(self, logits: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generate`'s sampling distribution (temperature, then top-k, then top-p) and the log-prob of each drawn
+        token under the distribution it was drawn from.
+
+        sampler="cdf" draws one uniform number per row and inverts the cumulative distribution:
+        the same distribution as `torch.multinomial`, which `generate` uses, but that draws an exponential
+        variate for every vocabulary entry: about 25 ms per step for 32 rows x 49152 tokens on one core, a
+        large share of a decoding step. sampler="multinomial" draws exactly as `generate` does (the same tokens
+        under the same seed; tests/training/test_rollout.py)."""
+        scores = logits / self.temperature if self.temperature != 1.0 else logits
+        if self.top_k > 0:
+            kth = torch.topk(scores, min(self.top_k, scores.size(-1)))[0][..., -1, None]
+            scores = scores.masked_fill(scores < kth, -float("inf"))
+        if self.top_p < 1.0:
+            sorted_logits, sorted_idx = torch.sort(scores, descending=False)
+            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            remove = cumulative <= (1 - self.top_p)
+            remove[..., -1:] = False  # keep at least one token
+            scores = scores.masked_fill(remove.scatter(1, sorted_idx, remove), -float("inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if self.sampler == "multinomial":
+            tokens = torch.multinomial(probs, num_samples=1, generator=generator)
+        else:
+            cdf = probs.cumsum(dim=-1)
+            u = torch.rand((probs.size(0), 1), device=probs.device, generator=generator)
+            # the first index whose cumulative mass exceeds u * total: a token of zero mass is never drawn
+            tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.size(-1) - 1)
+        logps = probs.gather(1, tokens).log().squeeze(1)
+        return tokens.squeeze(1), logps
+
+    def _static_cache(self, batch: int, max_len: int):
+        """The decoding cache for this shape: made once, reset between rounds (same tensors for the compiled
+        step, so it is not recompiled)."""
+        from transformers import StaticCache
+
+        if self._cache_key != (batch, max_len):
+            self._cache = StaticCache(config=self.model.config, max_cache_len=max_len)
+            self._cache_key = (batch, max_len)
+        return self._cache
+
+    def generate(self, prompt_ids: list[list[int]], generator: torch.Generator | None = None
+                 ) -> tuple[list[list[int]], list[list[float]]]:
+        """Completions (cut after the first EOS, which is kept) and their per-token sampling log-probs."""
+        rng = generator.get_state() if generator is not None else torch.get_rng_state()
+        try:
+            return self._generate(prompt_ids, generator)
+        except _RetryRound:  # the compiled step failed: the same draws again, eager
+            generator.set_state(rng) if generator is not None else torch.set_rng_state(rng)
+            return self._generate(prompt_ids, generator)
+
+    @torch.no_grad()
+    def _generate(self, prompt_ids: list[list[int]], generator: torch.Generator | None):
+        from transformers import DynamicCache
+
+        t0 = time.perf_counter()
+        rows = len(prompt_ids)
+        index: dict[tuple[int, ...], int] = {}
+        inverse = [index.setdefault(tuple(ids), len(index)) for ids in prompt_ids]
+        distinct = list(index)
+        width = max(len(ids) for ids in distinct)
+        ids = torch.full((len(distinct), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for i, row in enumerate(distinct):  # left padding, as TRL pads for generate
+            ids[i, width - len(row):] = torch.tensor(row)
+            mask[i, width - len(row):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        inv = torch.tensor(inverse, device=self.device)
+        # generate's positions: count real tokens; padding sits at 0
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+        # Prefill each distinct prompt once, then give every completion of its group the same cache rows.
+        prefix_cache = DynamicCache(config=self.model.config)
+        logits = self._last_logits(ids, positions, mask, prefix_cache).index_select(0, inv)
+        # only grows, so that one compiled step serves every round
+        self._max_len = max(self._max_len, -(-(width + self.max_new_tokens) // _CACHE_BUCKET) * _CACHE_BUCKET)
+        cache = self._static_cache(rows, self._max_len)
+        for big, small in zip(cache.layers, prefix_cache.layers):
+            keys, values = small.keys.index_select(0, inv), small.values.index_select(0, inv)
+            if not big.is_initialized:
+                big.lazy_initialization(keys, values)
+            big.keys[:, :, :width].copy_(keys)
+            big.values[:, :, :width].copy_(values)
+            big.cumulative_length.fill_(width)
+        del prefix_cache
+        attention = torch.ones((rows, self._max_len), dtype=torch.long, device=self.device)
+        attention[:, :width] = mask.index_select(0, inv)
+        position = positions[:, -1:].index_select(0, inv) + 1
+        self.timings["prefill_s"] = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        tokens = torch.full((rows, self.max_new_tokens), self.pad, dtype=torch.long, device=self.device)
+        logps = torch.zeros((rows, self.max_new_tokens), dtype=torch.float32, device=self.device)
+        unfinished = torch.ones(rows, dtype=torch.bool, device=self.device)
+        steps = 0
+        for t in range(self.max_new_tokens):
+            token, logp = self._sample(logits, generator)
+            token = torch.where(unfinished, token, self.pad)  # finished rows continue with padding, as generate's
+            tokens[:, t], logps[:, t] = token, logp
+            steps = t + 1
+            unfinished &= ~torch.isin(token, self.eos)
+            if t + 1 == self.max_new_tokens or not bool(unfinished.any()):
+                break
+            logits = self._call_step(token[:, None], position, attention, cache)
+            position = position + 1
+        self.timings["decode_s"] = time.perf_counter() - t1
+        self.timings["decode_steps"] = steps
+
+        tokens, logps = tokens[:, :steps].cpu(), logps[:, :steps].cpu()
+        is_eos = torch.isin(tokens, self.eos.cpu())
+        lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.tensor(steps))
+        completion_ids = [tokens[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
+        completion_logps = [logps[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
+        return completion_ids, completion_logps
+
+    def _call_step(self, token, position, attention, cache) -> torch.Tensor:
+        if not self.compiled:
+            return self._step(token, position, attention, cache)
+        try:
+            return self._step(token, position, attention, cache)
+        except Exception as err:  # an inductor failure must not end the run; eager gives the same numbers
+            logger.warning("rollout engine: the compiled decoding step failed (%s: %s); decoding eager from now on",
+                           type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+            self._step, self.compiled = self._eager_step, False
+            # the failed call may have advanced the cache's length: the round starts again
+            raise _RetryRound from err
+
+    # ---------------------------------------------------------------------------------------------- TRL's hook
+
+    def rollout(self, prompts: list, trainer) -> dict:
+        """TRL's `rollout_func(prompts, trainer)`: tokenized exactly as TRL tokenizes for its own generate."""
+        self.sync(trainer)
+        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
+        device_type = self.device.type
+        with torch.autocast(device_type=device_type, enabled=False):  # the copy computes in its own dtype
+            completion_ids, logprobs = self.generate(prompt_ids)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+
+
+class _RetryRound(Exception):
+    """The compiled step failed mid-round; the round is generated again on the eager path."""
+
+
+# ---------------------------------------------------------------------------------------- importance sampling
+
+
+def enable_is_correction(trainer) -> None:
+    """Turn on TRL's own importance-sampling correction for vLLM rollouts, without vLLM, with the settings in
+    trainer.args (vllm_importance_sampling_mode and _clip_max; grpo_exp.training.trainer.grpo_config maps
+    train.rollout_is_* onto them).
+
+    GRPOTrainer applies it when `use_vllm` and `vllm_importance_sampling_correction` are set: it then always
+    scores the batch with the trained policy (`old_per_token_logps`), and weighs each token's loss by
+    exp(old - sampling log-prob), truncated or masked at the cap, per token or per sequence. Its only other use
+    of `use_vllm` on the rollout_func path is a weight sync of the vLLM engine, a no-op here: the engine
+    refreshes its copy itself (RolloutEngine.sync)."""
+    mode = trainer.args.vllm_importance_sampling_mode
+    if mode not in IS_MODES:
+        raise ValueError(f"unknown importance-sampling mode {mode!r}; choose one of {', '.join(IS_MODES)}")
+    trainer.use_vllm = True
+    trainer.vllm_importance_sampling_correction = True
+    trainer._last_loaded_step = -1
+    trainer.vllm_generation = SimpleNamespace(sync_weights=lambda: None)
+
+
+def is_weights(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+               cap: float | None, floor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The truncated/masked importance weights pi_train / pi_sampler and which tokens the cap changed, by the
+    definition TRL applies (tests check TRL's weights against this): token modes weigh each token by its own
+    ratio, sequence modes every token by the product of its sequence's ratios."""
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)
+    ratio = torch.exp(diff)
+    low = -float("inf") if floor is None else floor
+    high = float("inf") if cap is None else cap
+    outside = (ratio < low) | (ratio > high)
+    if mode.endswith("truncate"):
+        weights = ratio.clamp(min=floor, max=cap)
+    else:
+        weights = ratio.masked_fill(outside, 0.0)
+    return weights, outside.expand_as(mask) & mask.bool()
+
+
+def mismatch_metrics(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                     cap: float | None, floor: float | None = None) -> dict[str, float]:
+    """How far the sampler is from the trained policy on the sampled tokens: the mean per-token KL(sampler ||
+    trained) by the k3 estimator (r - 1 - log r with r = pi_train / pi_sampler, unbiased and >= 0), and the share
+    of completion tokens whose weight the cap truncated or masked."""
+    valid = mask.bool() & ~torch.isnan(sampling_logps)
+    n = valid.sum().clamp(min=1)
+    log_r = (old_logps - sampling_logps).masked_fill(~valid, 0.0)
+    k3 = (torch.exp(log_r) - 1 - log_r).masked_fill(~valid, 0.0)
+    _, clipped = is_weights(old_logps, sampling_logps, mask, mode, cap, floor)
+    return {"rollout/kl": float(k3.sum() / n), "rollout/clipped_frac": float((clipped & valid).sum() / n),
+            "rollout/logp_diff_abs": float(log_r.abs().sum() / n)}
+
+
+def build_engine(trainer, train_cfg) -> RolloutEngine | None:
+    """The engine for `train.rollout=engine`, wired into the trainer; None (TRL's path) with a warning naming
+    why when it cannot serve this trainer."""
+    why = unsupported_reason(trainer)
+    if why:
+        logger.warning("train.rollout=engine: not used for %s; TRL's generation runs", why)
+        return None
+    engine = RolloutEngine(
+        trainer.model, dtype=resolve_dtype(train_cfg.rollout_dtype), compile=train_cfg.rollout_compile,
+        max_new_tokens=trainer.max_completion_length, temperature=trainer.temperature, top_k=trainer.top_k,
+        top_p=trainer.top_p, eos_token_ids=list(trainer.eos_token_ids),
+        pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler)
+    trainer.rollout_func = engine.rollout
+    if trainer.args.vllm_importance_sampling_correction:
+        enable_is_correction(trainer)
+    return engine

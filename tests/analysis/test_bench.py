@@ -1,0 +1,72 @@
+"""grpo-bench's floor (machine limits, the step's FLOPs and weight bytes) and its trl-defaults baseline. No timing
+assertions beyond 'measured and positive'."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from grpo_exp.analysis import bench
+from tests.conftest import ROOT
+
+
+def test_machine_limits_are_measured_in_seconds():
+    limits = bench.machine_limits(threads=1, size=256, reps=1)
+    assert limits["gemm_gflops"]["fp32"] > 0 and limits["gemm_gflops"]["bf16"] > 0
+    assert limits["read_gb_s"] > 0 and limits["seconds"] < 30
+
+
+def synthetic(step_s: float) -> dict:
+    """A bench result: 2 measured steps of one generation round (steps_per_generation 2) of 16 rows."""
+    return {"steps": [{"measured": True, "tokens": 640.0, "max_length": 50},
+                      {"measured": True, "tokens": 0.0}],
+            "completion_tokens": 640.0, "step_time_s_mean": step_s,
+            "settings": {"steps_per_generation": 2, "generation_batch_size": 16, "num_generations": 4,
+                         "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+                         "max_completion_length": 64},
+            "model_shape": {"matmul_params": 100_000_000, "prompt_tokens_mean": 40.0}}
+
+
+def test_step_floor_by_hand():
+    limits = {"gemm_gflops": {"fp32": 100.0, "bf16": 400.0}, "read_gb_s": 20.0}
+    floor = bench.step_floor(synthetic(10.0), limits)
+    n, peak, bw = 1e8, 400e9, 20e9
+    train = 6 * n * (640 / 2 + 40 * 8 / 4) / peak  # a round's 640 tokens over its 2 steps; 2 distinct prompts
+    decode = 50 * max(2 * n / bw, 2 * n * 16 / peak)  # bf16 weights: 2 bytes
+    prefill = 2 * n * 40 * 16 / 4 / peak  # 4 distinct prompts per round
+    expected = train + (prefill + decode) / 2
+    assert floor["dtype"] == "bf16" and floor["decode_bound"] == "memory"  # 10 ms read vs 8 ms of FLOPs
+    assert floor["floor_s"] == pytest.approx(expected, rel=1e-3)
+    assert floor["multiple"] == pytest.approx(10.0 / expected, rel=1e-2)
+    # where bf16 is emulated (slower than fp32), the floor uses fp32's peak and 4-byte weights
+    slow_bf16 = bench.step_floor(synthetic(10.0), {"gemm_gflops": {"fp32": 100.0, "bf16": 20.0}, "read_gb_s": 20.0})
+    assert slow_bf16["dtype"] == "fp32" and slow_bf16["floor_s"] > floor["floor_s"]
+
+
+def test_bench_runs_trl_defaults_and_the_engine(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_exp.apps.bench", "--steps", "1", "--warmup", "0", "--model", "tiny_random",
+         "--max-completion-length", "8", "--prompts-per-step", "1", "--num-generations", "2", "--threads", "1",
+         "--baseline", "fp32", "--baseline", "trl-defaults", "--out", str(out),
+         "--candidate", "engine=train.rollout=engine,train.rollout_compile=false"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    variants = report["variants"]
+    assert set(variants) == {"baseline", "trl-defaults", "grpo-exp", "engine"}
+    assert variants["baseline"]["settings"]["bf16"] is False
+    assert variants["trl-defaults"]["settings"]["gradient_checkpointing"] is True
+    # TRL's own default precision: bf16 on (GRPOConfig's default)
+    assert variants["trl-defaults"]["settings"]["bf16"] is True
+    assert variants["engine"]["settings"]["rollout"] == "engine"
+    assert set(report["ratios_vs"]) == {"baseline", "trl-defaults"}
+    assert report["ratio_vs_baseline"] == report["ratios_vs"]["baseline"]
+    assert report["machine_limits"]["gemm_gflops"]["bf16"] > 0
+    for name in variants:
+        assert report["floor"][name]["floor_s"] > 0 and report["floor"][name]["multiple"] > 1
+    md = (out / "bench.md").read_text()
+    assert "x floor" in md and "tok/s vs trl-defaults" in md

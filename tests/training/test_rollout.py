@@ -1,0 +1,369 @@
+"""train.rollout=engine (training/rollout.py): it samples what `generate` samples, its importance weights are
+TRL's correction computed by hand, and a GRPO step through either rollout path trains. No timing assertions:
+speed belongs to grpo-bench."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from grpo_exp.base import cpu
+from grpo_exp.config.checks import validate
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.core import data, models, rewards
+from grpo_exp.training import rollout
+from grpo_exp.training.stage import StageParts
+from grpo_exp.training.trainer import build_trainer
+from tests.conftest import compose_cfg
+
+FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none",
+        "train.max_completion_length=8", "reward.funcs=[vowel_fraction]", "reward.weights=[1.0]",
+        "train.save_steps=100", "train.max_steps=1", "train.rollout_compile=false"]
+PROMPTS = ["What is 7 + 5?", "Tom has 12 apples and eats 3 of them. How many are left?"]
+
+
+def vowel_fraction(completions, **kwargs):
+    """A reward with spread on random-token text, so GRPO advantages (and updates) are non-zero."""
+    texts = [rewards.completion_text(c) for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
+
+
+@pytest.fixture(autouse=True)
+def spread_reward(monkeypatch):
+    monkeypatch.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = compose_cfg(["debug=smoke"], tmp_path_factory.mktemp("run"))
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for p in PROMPTS]
+    return model, tokenizer, rows
+
+
+def engine_for(model, tokenizer, eos, **kw):
+    settings = dict(dtype=torch.float32, compile=False, max_new_tokens=12, temperature=0.8,
+                    eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, sampler="multinomial")
+    settings.update(kw)
+    return rollout.RolloutEngine(model, **settings)
+
+
+def hf_generate(model, tokenizer, rows, eos, max_new_tokens=12, **sampling):
+    """TRL's transformers path: left-padded prompts into `generate`, cut after the first EOS."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=max_new_tokens,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, **sampling)
+    completions = []
+    for row in out[:, width:].tolist():
+        cut = next((i for i, t in enumerate(row) if t in eos), len(row) - 1)
+        completions.append(row[:cut + 1])
+    return completions
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.8, top_k=0, top_p=1.0),
+                                      dict(temperature=1.0, top_k=50, top_p=0.9)], ids=["temperature", "top_k_p"])
+def test_fp32_copy_draws_the_tokens_generate_draws(tiny, sampling):
+    model, tokenizer, prompts = tiny
+    rows = [p for p in prompts for _ in range(4)]  # GRPO groups: each prompt 4 times
+    # a tenth of the vocabulary ends a sequence, so rows finish at different steps (generate pads them after)
+    eos = list(range(0, len(tokenizer), 10))
+    engine = engine_for(model, tokenizer, eos, **sampling)
+    torch.manual_seed(3)
+    ours, logps = engine.generate(rows)
+    torch.manual_seed(3)
+    theirs = hf_generate(model, tokenizer, rows, eos, **sampling)
+    assert ours == theirs
+    assert len({len(c) for c in ours}) > 1  # some rows stopped early
+    assert [len(lp) for lp in logps] == [len(c) for c in ours]
+    assert all(lp <= 0 and math.isfinite(lp) for row in logps for lp in row)
+    assert model.config._attn_implementation != rollout.ATTENTION  # only the copy uses the grouped attention
+
+
+def test_sampler_log_probs_are_the_models_tempered_log_probs(tiny):
+    """The log-prob of every drawn token is log softmax(logits / T) of the model at that position."""
+    model, tokenizer, prompts = tiny
+    engine = engine_for(model, tokenizer, [tokenizer.eos_token_id])
+    torch.manual_seed(0)
+    (completion,), (logps,) = engine.generate(prompts[:1])
+    ids = torch.tensor([prompts[0] + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompts[0]) - 1:-1] / 0.8
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+    torch.testing.assert_close(torch.tensor(logps), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.7, top_k=0, top_p=1.0),
+                                      dict(temperature=1.3, top_k=6, top_p=0.8)], ids=["temperature", "top_k_p"])
+def test_cdf_sampler_draws_the_processed_distribution(tiny, settings):
+    """The fast sampler (one uniform number per row) against the distribution `generate` samples from:
+    a chi-square test on 40000 draws, and log-probs equal to that distribution's."""
+    model, tokenizer, _ = tiny
+    engine = engine_for(model, tokenizer, [0], sampler="cdf", **settings)
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, -6.0, -30.0]])
+    # the processed distribution, by hand: temperature, keep the top k, then the smallest set above top_p
+    scores = logits[0] / settings["temperature"]
+    order = torch.argsort(scores, descending=True)
+    keep = torch.zeros_like(scores, dtype=torch.bool)
+    mass = 0.0
+    probs_all = torch.softmax(scores, -1)
+    top_k = settings["top_k"] or len(scores)
+    kept_probs = torch.softmax(scores[order[:top_k]], -1)
+    for rank, idx in enumerate(order[:top_k]):
+        keep[idx] = True
+        mass += float(kept_probs[rank])
+        if mass >= settings["top_p"]:
+            break
+    expected = torch.where(keep, probs_all, torch.zeros_like(probs_all))
+    expected = expected / expected.sum()
+
+    draws = 40000
+    gen = torch.Generator().manual_seed(0)
+    tokens, logps = engine._sample(logits.expand(draws, -1), gen)
+    counts = torch.bincount(tokens, minlength=logits.size(1)).double()
+    assert counts[~keep].sum() == 0  # never a token outside the kept set
+    exp_counts = expected[keep].double() * draws
+    chi2 = float(((counts[keep] - exp_counts) ** 2 / exp_counts).sum())
+    dof = int(keep.sum()) - 1
+    # 99.9% quantile of chi-square (Wilson-Hilferty): a seeded test, so it either always passes or never does
+    z = 3.09
+    bound = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < bound, (chi2, bound, counts.tolist(), exp_counts.tolist())
+    torch.testing.assert_close(logps, expected.log()[tokens].float(), atol=1e-5, rtol=1e-5)
+
+
+def test_cdf_sampler_matches_the_models_first_token_distribution(tiny):
+    """End to end through the model: the engine's first tokens (cdf sampler) follow softmax(logits / T). The
+    random model spreads its mass thinly, so tokens are pooled into 20 cells by id modulo 20."""
+    model, tokenizer, prompts = tiny
+    engine = engine_for(model, tokenizer, [0], sampler="cdf", max_new_tokens=1, top_k=0)
+    torch.manual_seed(1)
+    rows = [prompts[0]] * 1200
+    completions, _ = engine.generate(rows)
+    cells = torch.tensor([c[0] for c in completions]) % 20
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=torch.tensor([prompts[0]])).logits[0, -1] / 0.8, -1).double()
+    expect = torch.zeros(20, dtype=torch.float64).index_add_(0, torch.arange(len(probs)) % 20, probs) * len(rows)
+    observed = torch.bincount(cells, minlength=20).double()
+    chi2 = float(((observed - expect) ** 2 / expect).sum())
+    dof = 19
+    assert chi2 < dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3, chi2
+
+
+@pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
+def test_compiled_and_eager_decoding_agree(tiny):
+    model, tokenizer, prompts = tiny
+    rows = [p for p in prompts for _ in range(2)]
+    eos = [tokenizer.eos_token_id]
+    eager = engine_for(model, tokenizer, eos)
+    compiled = engine_for(model, tokenizer, eos, compile=True)
+    assert compiled.compiled and not eager.compiled
+    torch.manual_seed(5)
+    a, a_logps = eager.generate(rows)
+    torch.manual_seed(5)
+    b, b_logps = compiled.generate(rows)
+    assert compiled.compiled, "the compiled step failed and fell back to eager"
+    assert a == b
+    for x, y in zip(a_logps, b_logps):
+        torch.testing.assert_close(torch.tensor(x), torch.tensor(y), atol=1e-4, rtol=1e-4)
+
+
+def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypatch, caplog):
+    model, tokenizer, _ = tiny
+    monkeypatch.setattr(rollout, "compiler_missing", lambda: "no C++ compiler (g++ or clang++) on PATH")
+    with caplog.at_level("WARNING", logger="grpo_exp"):
+        engine = engine_for(model, tokenizer, [0], compile="auto")
+    assert not engine.compiled
+    assert "decoding step runs eager (no C++ compiler" in caplog.text
+
+
+def test_refresh_copies_in_place_into_the_bf16_copy(tiny):
+    model, tokenizer, _ = tiny
+    engine = engine_for(model, tokenizer, [0], dtype=torch.bfloat16)
+    params = dict(engine.model.named_parameters())
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in params.values())
+    # buffers (rotary frequencies) keep the policy's precision
+    assert all(b.dtype == torch.float32 for b in engine.model.buffers() if b.is_floating_point())
+    pointers = {n: p.data_ptr() for n, p in params.items()}
+    with torch.no_grad():
+        originals = {n: p.clone() for n, p in model.named_parameters()}
+        for p in model.parameters():
+            p.add_(0.01)
+    try:
+        engine.refresh(model)
+        for name, param in engine.model.named_parameters():
+            assert param.data_ptr() == pointers[name]  # no re-allocation
+            torch.testing.assert_close(param, dict(model.named_parameters())[name].detach().bfloat16())
+    finally:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(originals[n])
+
+
+# ------------------------------------------------------------------------------------------ importance sampling
+
+
+def by_hand(old, samp, mask, mode, cap):
+    """TRL's truncated / masked importance weights, one number at a time."""
+    rows, cols = old.shape
+    weights = torch.ones(rows, cols if mode.startswith("token") else 1)
+    clipped = torch.zeros(rows, cols, dtype=torch.bool)
+    for i in range(rows):
+        if mode.startswith("sequence"):
+            r = math.exp(sum(float(old[i, t] - samp[i, t]) for t in range(cols) if mask[i, t]))
+            over = r > cap
+            weights[i, 0] = (min(r, cap) if mode.endswith("truncate") else (0.0 if over else r))
+            for t in range(cols):
+                clipped[i, t] = bool(over and mask[i, t])
+            continue
+        for t in range(cols):
+            r = math.exp(float(old[i, t] - samp[i, t])) if mask[i, t] else 1.0
+            over = r > cap
+            weights[i, t] = min(r, cap) if mode.endswith("truncate") else (0.0 if over else r)
+            clipped[i, t] = bool(over and mask[i, t])
+    return weights, clipped
+
+
+@pytest.mark.parametrize("mode", rollout.IS_MODES)
+def test_is_weights_equal_a_hand_computation(mode):
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 5, generator=gen) * 3
+    samp = old + torch.randn(3, 5, generator=gen) * 0.6
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    cap = 1.5 if mode.startswith("token") else 1.01  # sequence ratios here: 0.14, 0.28, 1.015
+    weights, clipped = rollout.is_weights(old, samp, mask, mode, cap)
+    expect_w, expect_c = by_hand(old, samp, mask, mode, cap)
+    torch.testing.assert_close(weights, expect_w)
+    assert torch.equal(clipped, expect_c)
+    assert expect_c.any() and not expect_c.all()  # the cap bites somewhere, not everywhere
+
+
+def test_mismatch_metrics_by_hand():
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -9.0]])
+    samp = torch.tensor([[-1.2, -1.0, -0.5], [-0.1, -5.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    stats = rollout.mismatch_metrics(old, samp, mask, "token_truncate", 3.0)
+    valid = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    logr = [float(old[i, t] - samp[i, t]) for i, t in valid]
+    assert stats["rollout/kl"] == pytest.approx(sum(math.exp(x) - 1 - x for x in logr) / 5, rel=1e-6)
+    assert stats["rollout/clipped_frac"] == pytest.approx(1 / 5)  # only exp(2.0) > 3
+    assert stats["rollout/logp_diff_abs"] == pytest.approx(sum(abs(x) for x in logr) / 5, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------- GRPO steps
+
+
+def one_step(tmp_path, overrides: list[str]):
+    """One GRPO step through build_trainer; returns the trainer, what compute_loss saw, losses, and whether
+    parameters moved."""
+    cfg = compose_cfg([*FAST, *overrides], tmp_path)
+    validate(cfg)
+    threads, env = torch.get_num_threads(), {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    cpu.apply(cfg.cpu)
+    try:
+        funcs, weights = rewards.build(list(cfg.reward.funcs), list(cfg.reward.weights))
+        dataset = data.to_dataset(data.build_examples("basic", "train", num_train=16, num_test=8, seed=0), "")
+        model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        parts = StageParts(model, tokenizer, [], dataset, funcs, weights, None, None, None)
+        trainer = build_trainer(cfg, parts, output_dir=tmp_path, callbacks=[])
+        seen = []
+        compute_loss = trainer.compute_loss
+
+        def recording(model, inputs, *a, **kw):
+            seen.append({k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+            return compute_loss(model, inputs, *a, **kw)
+
+        trainer.compute_loss = recording
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+        for key, value in env.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    moved = any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
+    return trainer, seen, losses, moved
+
+
+@pytest.mark.parametrize("path", ["trl", "engine"])
+def test_one_grpo_step_through_each_rollout_path(tmp_path, path):
+    trainer, seen, losses, moved = one_step(tmp_path, [f"train.rollout={path}"])
+    assert losses and all(math.isfinite(x) for x in losses), losses
+    assert moved, "no parameter changed: the step did not update the policy"
+    assert (trainer.rollout_engine is not None) == (path == "engine")
+    row = trainer.state.log_history[0]
+    if path == "engine":
+        assert trainer.rollout_engine.dtype == rollout.native_dtype()
+        assert "sampling_per_token_logps" in seen[0] and "importance_sampling_ratio" in seen[0]
+        for key in ("rollout/kl", "rollout/clipped_frac", "sampling/importance_sampling_ratio/mean"):
+            assert math.isfinite(row[key]), key
+        assert row["rollout/kl"] >= 0
+    else:
+        assert "sampling_per_token_logps" not in seen[0] and "rollout/kl" not in row
+
+
+@pytest.mark.parametrize("mode", rollout.IS_MODES)
+def test_trls_weights_in_the_loss_equal_the_hand_computation(tmp_path, mode):
+    """The weights TRL multiplies into the loss, from the sampler's own log-probs (a bf16 copy, so they
+    differ from the trained fp32 policy's), equal the hand computation. The tiny model's mismatch is small, so
+    the cap is 1: every ratio above 1 is truncated or masked."""
+    cap = 1.0
+    trainer, seen, losses, _ = one_step(tmp_path, ["train.rollout=engine", "train.rollout_dtype=bf16",
+                                                   "train.precision=fp32", f"train.rollout_is_mode={mode}",
+                                                   f"train.rollout_is_cap={cap}"])
+    inputs = seen[0]
+    old, samp, mask = inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], inputs["completion_mask"]
+    assert not torch.equal(old * mask, samp * mask)  # bf16 sampler, fp32 policy: there is a mismatch to correct
+    expect_w, expect_c = by_hand(old, samp, mask, mode, cap)
+    assert expect_c.any() and not expect_c[mask.bool()].all()  # the cap changed some weights, not all
+    torch.testing.assert_close(inputs["importance_sampling_ratio"], expect_w, atol=1e-6, rtol=1e-5)
+    row = trainer.state.log_history[0]
+    assert row["rollout/clipped_frac"] == pytest.approx(float(expect_c.sum() / mask.sum()), abs=1e-6)
+    assert math.isfinite(losses[0])
+
+
+def test_correction_off_leaves_trls_loss_unweighted(tmp_path):
+    trainer, seen, losses, moved = one_step(tmp_path, ["train.rollout=engine", "train.rollout_is_correction=false"])
+    assert not trainer.use_vllm and "importance_sampling_ratio" not in seen[0]
+    assert "sampling_per_token_logps" in seen[0] and moved and math.isfinite(losses[0])
+
+
+def test_engine_refreshes_after_each_optimizer_step(tmp_path):
+    trainer, _, _, _ = one_step(tmp_path, ["train.rollout=engine", "train.max_steps=2"])
+    engine = trainer.rollout_engine
+    assert engine.synced_step == 1  # the second step's generation saw the first step's weights
+    engine.sync(trainer)  # after step 2: refreshed to the final weights
+    for name, param in engine.model.named_parameters():
+        expected = dict(trainer.model.named_parameters())[name].detach().to(engine.dtype)
+        torch.testing.assert_close(param, expected)
+
+
+def test_what_the_engine_cannot_serve_falls_back_to_trl(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="grpo_exp"):
+        trainer, _, losses, _ = one_step(tmp_path, ["train.rollout=engine", "train.repetition_penalty=1.1"])
+    assert trainer.rollout_engine is None and trainer.rollout_func is None
+    assert "train.rollout=engine: not used for repetition_penalty=1.1" in caplog.text
+    assert math.isfinite(losses[0])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.rollout=vllm", "train.rollout='vllm' is not valid"),
+    ("train.rollout_is_mode=token", "train.rollout_is_mode='token' is not valid"),
+    ("train.rollout_is_cap=0.5", "train.rollout_is_cap=0.5 must be"),
+    ("train.rollout_compile=maybe", "train.rollout_compile='maybe' is not valid"),
+    ("train.rollout=engine,train.loss_type=vespo,train.rollout_is_mode=sequence_mask",
+     "train.loss_type=vespo needs a token-level train.rollout_is_mode"),
+])
+def test_bad_rollout_settings_fail_with_one_line(tmp_path, override, message):
+    cfg = compose_cfg([*FAST, *override.split(",")], tmp_path)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        validate(cfg)
