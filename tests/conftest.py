@@ -35,6 +35,16 @@ def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = N
                           timeout=timeout, env=full_env)
 
 
+def assert_fails_fast_with_one_line(run_dir: Path, args: list[str], needle: str) -> None:
+    """`python -m grpo_exp.train args` exits 2 with one `error:` line holding `needle`, and writes no run dir."""
+    proc = run_module("grpo_exp.train", *args, f"hydra.run.dir={run_dir}", timeout=120, env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and needle in lines[0]
+    assert not run_dir.exists()
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests run where CUDA is; elsewhere they are skipped with the reason."""
     import torch

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from grpo_exp.config.checks import validate
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.training.trainer import grpo_config
-from tests.conftest import CONF_DIR, compose_cfg, run_module
+from tests.conftest import CONF_DIR, assert_fails_fast_with_one_line, compose_cfg
 
 GROUPS = ["model", "stage", "reward", "quantization", "cpu", "train", "logger", "paths", "debug"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]
@@ -83,11 +83,4 @@ BAD_CLI = [
 
 @pytest.mark.parametrize("args,needle", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
 def test_bad_overrides_fail_fast_with_one_line(tmp_path, args, needle):
-    run_dir = tmp_path / "run"
-    proc = run_module("grpo_exp.train", *args, f"hydra.run.dir={run_dir}", timeout=120,
-                      env={"HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ") and needle in lines[0]
-    assert not run_dir.exists()
+    assert_fails_fast_with_one_line(tmp_path / "run", args, needle)

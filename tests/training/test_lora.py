@@ -20,7 +20,7 @@ from grpo_exp.core import models
 from grpo_exp.training import checkpoints, ewc, lora, shared_prefix, stage
 from grpo_exp.training.stage import prepare, train
 from grpo_exp.training.trainer import build_trainer
-from tests.conftest import compose_cfg, run_module
+from tests.conftest import assert_fails_fast_with_one_line, compose_cfg
 
 # vowel_fraction has spread on random-token text, so advantages and updates are non-zero; lr 1e-3 makes a
 # two-step update visible
@@ -297,14 +297,7 @@ BAD_CLI = [
 
 @pytest.mark.parametrize("args,needle", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
 def test_bad_peft_overrides_fail_fast_with_one_line(tmp_path, args, needle):
-    run_dir = tmp_path / "run"
-    proc = run_module("grpo_exp.train", "model=tiny_random", *args, f"hydra.run.dir={run_dir}", timeout=120,
-                      env={"HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ") and needle in lines[0]
-    assert not run_dir.exists()
+    assert_fails_fast_with_one_line(tmp_path / "run", ["model=tiny_random", *args], needle)
 
 
 def test_a_kl_reference_with_an_adapter(tmp_path, spread):
