@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_exp.analysis import ewc_summary
 from grpo_exp.base.io import eval_sets, read_jsonl
 from grpo_exp.base.text import markdown_table
 
@@ -39,6 +40,8 @@ CONFIG_COLUMNS = {
     "batch_size": "train.per_device_train_batch_size",
     "num_generations": "train.num_generations",
     "quantization": "quantization.method",
+    "ewc_lambda": "ewc.lambda",
+    "seed": "train.seed",
 }
 
 
@@ -192,7 +195,7 @@ def load_job(job: Path, root: Path | None = None) -> dict:
             if key.startswith("forgetting/") and key.endswith("/kl"):
                 row[f"forgetting_kl_{key.split('/')[1]}"] = value
     row["dir"] = str(job)
-    return {"row": row, "history": history, "curriculum": curriculum, "eval": evaluation,
+    return {"row": row, "history": history, "curriculum": curriculum, "eval": evaluation, "before_after": before_after,
             "quantization": (eval_file or {}).get("quantization") or row.get("quantization")}
 
 
@@ -527,11 +530,43 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
             lines += [cur["table"], ""]
         if plot:
             lines += [f"![curriculum]({plot.name})", ""]
+    lines += ewc_section(jobs, out)
     made = [p for p in plots if p]
     if made:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in made] + [""]
     (out / "report.md").write_text("\n".join(lines))
     return df, out
+
+
+def ewc_section(jobs: list[dict], out: Path) -> list[str]:
+    """report.md's per-lambda forgetting tables and plot (and ewc_summary.csv), for sweeps over ewc.lambda
+    whose jobs measured accuracy on earlier stages (ewc_summary.csv per job, ewc_lambda_summary.csv per lambda);
+    no lines otherwise."""
+    rows = []
+    for job in jobs:
+        sets = ewc_summary.job_sets(job, job["before_after"]) if job["row"]["status"] == "completed" else None
+        if sets is None or job["row"].get("ewc_lambda") is None:
+            continue
+        kl = {k: v for k, v in job["row"].items() if k.startswith("forgetting_kl_")}
+        rows.append({"job": job["row"]["job"], "ewc_lambda": job["row"]["ewc_lambda"], "seed": job["row"].get("seed"),
+                     **ewc_summary.job_row(sets), **kl})
+    if len({r["ewc_lambda"] for r in rows}) < 2:
+        return []
+    per_job = pd.DataFrame(rows).sort_values(["ewc_lambda", "seed"])
+    per_job.to_csv(out / "ewc_summary.csv", index=False)
+    sets = sorted({k[: -len("_final")] for r in rows for k in r if k.endswith("_final")})
+    means = pd.DataFrame(ewc_summary.per_lambda(rows))
+    means.to_csv(out / "ewc_lambda_summary.csv", index=False)
+    plot = ewc_summary.plot_accuracy_by_lambda(rows, sets, out / "ewc_lambda.png")
+    lines = ["## EWC: final accuracy, forgetting and KL per lambda", "",
+             "Per job (forgetting = accuracy when the earlier stage finished - final accuracy; gain = the new "
+             "stage's final - start accuracy; forgetting_kl_*: KL from the earlier stage's policy at the last "
+             "evaluation):", "", to_markdown(per_job), "",
+             "Mean over seeds (range in the `_range` columns):", "",
+             to_markdown(means), ""]
+    if plot:
+        lines += [f"![ewc_lambda]({plot.name})", ""]
+    return lines
 
 
 def run(dirs: list[str], out: str | None = None) -> int:

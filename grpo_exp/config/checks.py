@@ -18,6 +18,7 @@ def validate(cfg: Any) -> None:
     if ev.forgetting_sets and not cfg.get("init_from"):
         raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} measures forgetting of a previous stage, "
                           f"but there is none: set init_from=<run dir of that stage> or run a curriculum")
+    _check_init_split(cfg)
     if ev.forgetting_sets and not ev.every_steps:
         raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} is measured every eval.every_steps, "
                           f"which is off (null); set eval.every_steps=<N>")
@@ -25,3 +26,28 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"eval set '{stage.name}' holds {stage.num_test} held-out problems (stage.num_test) "
                           f"but {ev.limit} were asked for (eval.limit={ev.limit}); lower the limit or raise "
                           f"stage.num_test")
+
+
+def _check_init_split(cfg: Any) -> None:
+    """An earlier stage scored here must be scored on the split its own run held out: the split is drawn
+    with the data seed (train.seed), so under another seed its 'held-out' problems include ones that run
+    trained on."""
+    init = cfg.get("init_from")
+    if not init:
+        return
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    path = Path(str(init))
+    saved = next((p for p in (path / ".hydra" / "config.yaml", path.parent / ".hydra" / "config.yaml") if p.is_file()),
+                 None)
+    if saved is None:
+        return  # a bare model directory: no recorded split to protect
+    recorded = OmegaConf.load(saved)
+    seed, stage = OmegaConf.select(recorded, "train.seed"), OmegaConf.select(recorded, "stage.name")
+    scored = set(cfg.eval.sets) | set(cfg.eval.forgetting_sets)
+    if seed is not None and stage in scored and int(seed) != int(cfg.train.seed):
+        raise ConfigError(f"init_from={init} trained {stage} with train.seed={seed}, but this run scores {stage} with "
+                          f"train.seed={cfg.train.seed}, whose held-out split includes problems that run trained on; "
+                          f"set train.seed={seed} or drop {stage} from eval.sets/eval.forgetting_sets")

@@ -140,3 +140,51 @@ def test_a_job_that_raises_leaves_status_and_traceback(tmp_path):
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["status"] == "failed" and status["error"] == "dataset file is empty" and status["job_num"] == 3
     assert "RuntimeError: dataset file is empty" in (tmp_path / "error.txt").read_text()
+
+
+def _stage_two_job(path, lam, seed, basic, inter, kl):
+    """A later stage trained from the basic stage's model and scored on both stages (eval.sets)."""
+    def entry(before, after):
+        return {"n": 200, "before": before, "after": after, "after_ci95": [after - 0.05, after + 0.05]}
+    _fake_job(path, [f"ewc.lambda={lam}", f"train.seed={seed}"],
+              {"stage": {"name": "intermediate"}, "ewc": {"lambda": lam}, "train": {"seed": seed}},
+              {"metrics.json": {"status": "completed", "steps": 60},
+               "before_after.json": {"before": "start", "sets": {"basic": entry(*basic), "intermediate": entry(*inter)}}})
+    (path / "history.jsonl").write_text(json.dumps({"global_step": 60, "forgetting/basic/kl": kl}) + "\n")
+
+
+def test_report_summarises_forgetting_per_ewc_lambda(tmp_path):
+    from grpo_exp.analysis.report import write_report
+
+    sweep = tmp_path / "ewc"
+    _stage_two_job(sweep / "0", 0, 42, (0.46, 0.29), (0.01, 0.04), 8.0)
+    _stage_two_job(sweep / "1", 0, 1, (0.50, 0.40), (0.02, 0.06), 6.0)
+    _stage_two_job(sweep / "2", 100000, 42, (0.46, 0.46), (0.01, 0.005), 0.1)
+    _stage_two_job(sweep / "3", 100000, 1, (0.50, 0.48), (0.02, 0.02), 0.3)
+
+    write_report([sweep])
+    per_job = pd.read_csv(sweep / "ewc_summary.csv")
+    assert per_job["ewc_lambda"].tolist() == [0, 0, 100000, 100000]
+    assert per_job["basic_forgetting"].round(3).tolist() == [0.1, 0.17, 0.02, 0.0]  # start - final, seed 1 first
+    assert per_job["intermediate_gain"].round(3).tolist() == [0.04, 0.03, 0.0, -0.005]
+    assert per_job["bwt"].round(3).tolist() == [-0.1, -0.17, -0.02, 0.0]
+    means = pd.read_csv(sweep / "ewc_lambda_summary.csv").set_index("ewc_lambda")
+    assert means["seeds"].tolist() == [2, 2]
+    assert means["basic_forgetting"].round(3).tolist() == [0.135, 0.01]
+    assert means.loc[0, "basic_forgetting_range"] == "0.100..0.170"
+    assert means["forgetting_kl_basic"].round(3).tolist() == [7.0, 0.2]
+    assert means["intermediate_final"].round(4).tolist() == [0.05, 0.0125]
+    assert "## EWC: final accuracy, forgetting and KL per lambda" in (sweep / "report.md").read_text()
+    png = (sweep / "ewc_lambda.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_report_has_no_ewc_section_without_earlier_stages(tmp_path):
+    from grpo_exp.analysis.report import write_report
+
+    sweep = tmp_path / "plain"
+    for i, lam in enumerate((0, 1000)):
+        _fake_job(sweep / str(i), [f"ewc.lambda={lam}"], {"ewc": {"lambda": lam}},
+                  {"metrics.json": {"status": "completed", "steps": 2}})
+    write_report([sweep])
+    assert "## EWC" not in (sweep / "report.md").read_text() and not (sweep / "ewc_summary.csv").exists()

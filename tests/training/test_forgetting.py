@@ -78,3 +78,20 @@ def test_forgetting_of_an_unknown_stage_is_one_line(tmp_path):
     cfg = compose_cfg(["debug=smoke", "eval.forgetting_sets=[expert]"], tmp_path)
     with pytest.raises(ConfigError, match="'expert' in eval.forgetting_sets; valid stages: .*basic"):
         validate(cfg)
+
+
+def test_an_earlier_stage_is_scored_on_its_own_runs_split(tmp_path):
+    """init_from's run drew basic's split with train.seed=42; scoring basic under seed 1 would include
+    problems it trained on, so that is refused, and the matching seed passes."""
+    earlier = tmp_path / "basic_run"
+    (earlier / ".hydra").mkdir(parents=True)
+    (earlier / ".hydra" / "config.yaml").write_text("train:\n  seed: 42\nstage:\n  name: basic\n")
+    args = ["debug=smoke", "stage=intermediate", f"init_from={earlier}", "eval.forgetting_sets=[basic]"]
+    with pytest.raises(ConfigError, match=r"trained basic with train.seed=42.*set train.seed=42") as err:
+        validate(compose_cfg([*args, "train.seed=1"], tmp_path))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="train.seed=42"):
+        validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={earlier}", "eval.sets=[intermediate,basic]",
+                              "train.seed=7"], tmp_path))
+    validate(compose_cfg([*args, "train.seed=42"], tmp_path))
+    validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={earlier}", "train.seed=1"], tmp_path))
