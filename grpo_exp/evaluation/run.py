@@ -343,8 +343,10 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
     return {**report["sets"], "before_after": {name: c for name, c in comparison["sets"].items()}}
 
 
-def _base_cache_path(cfg, sets: list[EvalSet]) -> Path:
-    """Cache file of the base model's figures: keyed by everything that decides them."""
+def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = None) -> Path:
+    """Cache file of the starting model's figures: keyed by everything that decides them. For an
+    init_from model that includes its weight files' size and modification time, so a sweep of later
+    stages from one run scores that run once, and a rewritten model/ is scored again."""
     import hashlib
 
     import torch
@@ -359,26 +361,30 @@ def _base_cache_path(cfg, sets: list[EvalSet]) -> Path:
                  list(cfg.eval.pass_k), pass_k_samples(cfg.eval), cfg.quantization.method],
         "torch": torch.__version__,
     }
+    if start_model_dir is not None:
+        model_dir = Path(start_model_dir).resolve()
+        key["start_model"] = [str(model_dir), sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                                                     for f in model_dir.iterdir() if f.is_file())]
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return Path(cfg.paths.cache_dir) / "base_eval" / f"{cfg.model.name}-{digest}.json"
+    folder, name = ("base_eval", cfg.model.name) if start_model_dir is None else ("start_eval", model_dir.parent.name)
+    return Path(cfg.paths.cache_dir) / folder / f"{name}-{digest}.json"
 
 
 def starting_model_results(cfg, sets: list[EvalSet], start_model_dir: Path | None) -> dict:
-    """{"sets", "samples"} of the model training started from: the base model (cached) or init_from's."""
+    """{"sets", "samples"} of the model training started from: the base model or init_from's (cached)."""
     from grpo_exp.core.quantization import quantize_for_eval
     from grpo_exp.base.io import write_json
 
-    cache = _base_cache_path(cfg, sets) if start_model_dir is None else None
-    if cache is not None and cache.is_file():
-        logger.info("base model figures from the cache: %s", cache)
+    cache = _base_cache_path(cfg, sets, start_model_dir)
+    if cache.is_file():
+        logger.info("starting model's figures from the cache: %s", cache)
         return json.loads(cache.read_text())
     model, tokenizer = load_model(cfg, start_model_dir)
     eval_model = quantize_for_eval(model, cfg.quantization.method)
     results, samples = evaluate_sets(eval_model, tokenizer, sets, cfg, label="before")
     del model, eval_model
     before = {"sets": results, "samples": samples}
-    if cache is not None:
-        write_json(cache, before)
+    write_json(cache, before)
     return before
 
 

@@ -31,6 +31,7 @@ from grpo_exp.base.monitor import MonitorCallback, reset_peak_rss
 from grpo_exp.config.checks import validate
 from grpo_exp.config.schema import generation_batch
 from grpo_exp.core import data, models, rewards
+from grpo_exp.evaluation.run import run_config
 from grpo_exp.training import checkpoints, ewc, lora
 from grpo_exp.training.run_dir import RunLock, record_or_compare
 from grpo_exp.training.trainer import GracefulStop, NonFiniteError, build_trainer, completions_per_step
@@ -57,10 +58,21 @@ def check(cfg) -> None:
     validate(cfg)
     models.check_available(cfg.model, cfg.paths.cache_dir)
     init = resolve_init(cfg.init_from)
-    if init and cfg.ewc["lambda"] > 0 and not (init[1] / ewc.FISHER_FILE).is_file():
-        raise ConfigError(f"init_from={cfg.init_from} has no EWC state ({ewc.FISHER_FILE} in {init[1]}); "
-                          f"train that stage with ewc.lambda>0, or continue with ewc.lambda=0")
+    check_ewc_init(cfg, init)
     lora.check_init(cfg, init)
+
+
+def check_ewc_init(cfg, init: tuple[Path, Path] | None) -> None:
+    """ewc.lambda>0 from an init_from without an EWC state: its Fisher is estimated at the start instead
+    (starting_fisher), which needs the stage that run trained (its .hydra config)."""
+    if init and cfg.ewc["lambda"] > 0 and not (init[1] / ewc.FISHER_FILE).is_file():
+        if run_config(init[1]) is None:
+            raise ConfigError(f"init_from={cfg.init_from} has no EWC state ({ewc.FISHER_FILE} in {init[1]}) and no "
+                              f"recorded run config (.hydra/config.yaml) to estimate it from; give a run directory, "
+                              f"train that stage with ewc.lambda>0, or continue with ewc.lambda=0")
+        if lora.enabled(cfg):
+            raise ConfigError(f"init_from={cfg.init_from} has no EWC state ({ewc.FISHER_FILE}); with peft=lora the "
+                              f"Fisher covers the adapter, so train that stage with ewc.lambda>0 and peft=lora")
 
 
 @dataclass
@@ -88,7 +100,9 @@ def prepare(cfg) -> StageParts:
     init = resolve_init(cfg.init_from)
     lam = cfg.ewc["lambda"]
     adapter_from = lora.check_init(cfg, init)
-    ewc_state = ewc.EwcState.load(init[1]) if init and lam > 0 else None
+    check_ewc_init(cfg, init)
+    carried = init is not None and lam > 0 and (init[1] / ewc.FISHER_FILE).is_file()
+    ewc_state = ewc.EwcState.load(init[1]) if carried else None
     seed_everything(cfg.train.seed)
     reward_funcs, reward_weights = rewards.build(list(cfg.reward.funcs), _weights(cfg))
     train_examples = stage_examples(cfg, "train")
@@ -98,6 +112,8 @@ def prepare(cfg) -> StageParts:
     else:
         model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed,
                                        init_from=init[0] if init else None)
+    if init is not None and lam > 0 and ewc_state is None:
+        ewc_state = starting_fisher(cfg, model, tokenizer, init[1])
     if lora.enabled(cfg):
         model = lora.wrap(model, cfg.peft, adapter_from)
     penalty = ewc.EwcPenalty(ewc_state, lam) if ewc_state is not None else None
@@ -147,7 +163,7 @@ def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
     tracker = _start_tracking(cfg, run_dir, step_offset) if dist.is_main() else None
     init = parts.init
     run_state = {"stage": cfg.stage.name, "step_offset": step_offset, "init_from": str(init[0]) if init else None,
-                 "ewc_state": str(init[1] / ewc.FISHER_FILE) if parts.ewc_state is not None else None,
+                 "ewc_state": _ewc_source(init, parts.ewc_state),
                  "ewc_lambda": cfg.ewc["lambda"], "peft": cfg.peft.name,
                  "adapter_from": str(parts.adapter_from) if parts.adapter_from else None}
     try:
@@ -159,6 +175,14 @@ def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
         raise
     _finish_tracking(tracker, metrics, failed=False)
     return metrics
+
+
+def _ewc_source(init, state) -> str | None:
+    """Where the carried EWC state came from, for training_settings.json."""
+    if state is None:
+        return None
+    saved = init[1] / ewc.FISHER_FILE
+    return str(saved) if saved.is_file() else f"estimated at the start from {init[0]} (starting_fisher)"
 
 
 def _open_run_dir(cfg, run_dir: Path) -> tuple[dict | None, Path | None]:
@@ -311,6 +335,7 @@ class StageRun:
             "precision": resolve_precision(cfg.train.precision),
             "torch_version": torch.__version__,
             "ewc_lambda": cfg.ewc["lambda"],
+            "ewc_from": _ewc_source(init, parts.ewc_state),
             "skipped_steps": trainer.skipped_steps,
             "peft": cfg.peft.name,
             "processes": dist.world_size(),
@@ -332,7 +357,7 @@ class StageRun:
 
         if cfg.ewc["lambda"] > 0:  # with an adapter: over the adapter's parameters, the only ones that train
             metrics.update(consolidate_fisher(cfg, policy, parts.tokenizer, parts.train_examples,
-                                              parts.ewc_state, run_dir))
+                                              parts.ewc_state, run_dir)[1])
         if not main:  # the evaluations and metrics.json are rank 0's; this process is done
             logger.info("rank %d of %d done: peak RSS %.1f MB", dist.rank(), dist.world_size(),
                         metrics["peak_rss_mb"])  # in <run dir>/<task>.rank<r>.log
@@ -374,8 +399,9 @@ def _finish_tracking(tracker, metrics: dict | None, failed: bool) -> None:
     _tracking(tracker.report_to).finish(tracker, metrics, failed=failed)
 
 
-def consolidate_fisher(cfg, model, tokenizer, examples: list[dict], old_state, run_dir: Path) -> dict:
-    """Estimate this stage's Fisher on its training prompts, fold it into the running EWC state, save it."""
+def consolidate_fisher(cfg, model, tokenizer, examples: list[dict], old_state, run_dir: Path) -> tuple[Any, dict]:
+    """Estimate this stage's Fisher on its training prompts, fold it into the running EWC state, save it;
+    returns (the state, its figures for metrics.json)."""
     t0 = time.time()
     prompts = [data.to_messages(ex["question"], cfg.reward.system_prompt) for ex in examples]
     random.Random(cfg.train.seed).shuffle(prompts)
@@ -391,8 +417,28 @@ def consolidate_fisher(cfg, model, tokenizer, examples: list[dict], old_state, r
     state = base.consolidate(fisher, anchor, cfg.ewc["gamma"], cfg.stage.name)
     if dist.is_main():
         state.save(run_dir)
-    return {"fisher_time_s": time.time() - t0, **{k: v for k, v in state.stats().items() if k != "stages"},
-            "ewc_stages": state.stages}
+    return state, {"fisher_time_s": time.time() - t0, **{k: v for k, v in state.stats().items() if k != "stages"},
+                   "ewc_stages": state.stages}
+
+
+def starting_fisher(cfg, model, tokenizer, init_dir: Path):
+    """The EWC state of an init_from run trained without EWC: its Fisher, estimated now on the model it
+    saved and the prompts of the stage it trained, with that run's data seed, sampling temperature,
+    completion length and system prompt (its .hydra/config.yaml). So any earlier run can be protected,
+    and one basic run can start an EWC sweep. Saved in this run's directory, never in init_from's."""
+    from omegaconf import OmegaConf
+
+    recorded = run_config(init_dir)[0]
+    earlier = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    earlier.stage = OmegaConf.to_container(recorded.stage, resolve=True)
+    for key in ("seed", "temperature", "max_completion_length"):
+        earlier.train[key] = recorded.train[key]
+    earlier.reward.system_prompt = recorded.reward.system_prompt
+    state, figures = consolidate_fisher(earlier, model, tokenizer, stage_examples(earlier, "train"), None,
+                                        Path(cfg.paths.output_dir))
+    logger.info("init_from=%s has no EWC state: estimated its Fisher on %s prompts in %.1f s (mean %.3g)",
+                init_dir, earlier.stage.name, figures["fisher_time_s"], figures["fisher_mean"])
+    return state
 
 
 def _weights(cfg):

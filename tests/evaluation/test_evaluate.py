@@ -301,3 +301,28 @@ def test_base_figures_are_cached_per_settings(tmp_path, tiny, monkeypatch):
     evaluate_after_train(compose_cfg(overrides[:1] + ["eval.limit=3"] + overrides[2:], tmp_path / "c"),
                          model, tokenizer, tmp_path / "c")
     assert len(list((tmp_path / "cache" / "base_eval").glob("tiny_random-*.json"))) == 2
+
+
+def test_init_from_figures_are_cached_until_its_model_changes(tmp_path, tiny, monkeypatch):
+    """A sweep of later stages from one run scores that run's model once; a rewritten model/ is scored again."""
+    import os
+
+    import grpo_exp.evaluation.run as ev
+
+    model, tokenizer = tiny
+    start = tmp_path / "basic_run" / "model"
+    model.save_pretrained(start)
+    tokenizer.save_pretrained(start)
+    cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", f"paths.cache_dir={tmp_path / 'cache'}"],
+                      tmp_path / "a")
+    first = evaluate_after_train(cfg, model, tokenizer, tmp_path / "a", start)
+    assert len(list((tmp_path / "cache" / "start_eval").glob("basic_run-*.json"))) == 1
+    loads = []
+    real = ev.load_model
+    monkeypatch.setattr(ev, "load_model", lambda *a, **k: loads.append(a) or real(*a, **k))
+    second = evaluate_after_train(cfg, model, tokenizer, tmp_path / "b", start)
+    assert loads == [] and second["before_after"]["basic"]["before"] == first["before_after"]["basic"]["before"]
+    [weights] = start.glob("*.safetensors")
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1_000_000_000))
+    evaluate_after_train(cfg, model, tokenizer, tmp_path / "c", start)
+    assert len(loads) == 1 and len(list((tmp_path / "cache" / "start_eval").glob("basic_run-*.json"))) == 2

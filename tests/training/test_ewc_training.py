@@ -101,6 +101,35 @@ def test_init_from_without_ewc_state_is_refused(tmp_path):
         train(compose_cfg([*FAST, f"init_from={tmp_path}"], tmp_path / "c"))
 
 
+def test_init_from_without_ewc_state_gets_its_fisher_estimated(tmp_path, spread_reward):
+    """A run trained without EWC can still be protected: its Fisher is estimated at the next stage's start
+    with its own recorded stage and settings, equal to what ewc.lambda>0 would have saved at its end."""
+    from omegaconf import OmegaConf
+
+    from grpo_exp.training.stage import consolidate_fisher, stage_examples, starting_fisher
+
+    first = compose_cfg([*FAST, *spread_reward, "train.max_steps=1", "train.temperature=0.7"], tmp_path / "a")
+    train(first)
+    (tmp_path / "a" / ".hydra").mkdir()
+    OmegaConf.save(first, tmp_path / "a" / ".hydra" / "config.yaml")  # what Hydra records for a CLI run
+    later = [*FAST, *spread_reward, "stage=intermediate", "train.max_steps=2", "train.learning_rate=1e-3",
+             "ewc.lambda=1e6", f"init_from={tmp_path / 'a'}"]
+
+    model, tokenizer = models.load(first.model, first.paths.cache_dir, seed=0, init_from=tmp_path / "a" / "model")
+    estimated = starting_fisher(compose_cfg(later, tmp_path / "direct"), model, tokenizer, tmp_path / "a")
+    at_the_end, _ = consolidate_fisher(first, model, tokenizer, stage_examples(first, "train"), None, tmp_path / "end")
+    assert estimated.stages == ["basic"] and estimated.fisher.keys() == at_the_end.fisher.keys()
+    for name in estimated.fisher:
+        torch.testing.assert_close(estimated.fisher[name], at_the_end.fisher[name])
+
+    metrics = train(compose_cfg(later, tmp_path / "b"))
+    assert metrics["steps"] == 2 and ewc.EwcState.load(tmp_path / "b").stages == ["basic", "intermediate"]
+    assert not (tmp_path / "a" / "fisher.safetensors").exists()  # init_from's directory is left as it was
+    history = [json.loads(line) for line in (tmp_path / "b" / "history.jsonl").read_text().splitlines()]
+    assert all(row["ewc_penalty"] >= 0 for row in history if "loss" in row)
+    assert "estimated at the start" in metrics["ewc_from"]
+
+
 def test_three_stage_curriculum_writes_stages_fishers_and_matrix(tmp_path):
     overrides = [*FAST, "train.max_steps=1", "ewc.lambda=10", "curriculum=progressive",
                  "curriculum.eval_limit=3", "curriculum.eval_batch_size=3", "train.max_completion_length=8"]
