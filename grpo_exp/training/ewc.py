@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from grpo_exp.base import dist
 from grpo_exp.base.errors import ConfigError
+from grpo_exp.training.sampling import sample_batches
 
 FISHER_FILE = "fisher.safetensors"
 EMBEDDING_MARKERS = ("embed_tokens", "lm_head", "wte", "embed_out")
@@ -91,27 +92,16 @@ def sample_sequences(model, tokenizer, prompts: list[list[dict]], *, max_new_tok
 
     shard=(i, n): only the sampling batches i, i + n, ... (process i of n); each batch is seeded by its
     position, so the shards together hold exactly the sequences one process would sample."""
-    tokenizer.padding_side = "left"
-    was_training = model.training
-    model.eval()
     out_seqs = []
-    index, count = shard
-    for start in tqdm(range(0, len(prompts), batch_size)[index::count], desc="fisher samples", leave=False):
-        batch = prompts[start:start + batch_size]
-        enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True, padding=True).to(model.device)
-        torch.manual_seed(seed + start)
-        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
-                             top_p=1.0, top_k=0, pad_token_id=tokenizer.pad_token_id)
-        width = enc["input_ids"].shape[1]
-        for row, mask in zip(gen, enc["attention_mask"]):
-            prompt = row[:width][mask.bool()]
-            completion = row[width:].tolist()
+    for enc, completions in sample_batches(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                           temperature=temperature, batch_size=batch_size, seed=seed, shard=shard,
+                                           desc="fisher samples"):
+        for ids, mask, completion in zip(enc["input_ids"], enc["attention_mask"], completions.tolist()):
+            prompt = ids[mask.bool()]
             eos = next((i + 1 for i, t in enumerate(completion) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)),
                        len(completion))
-            ids = torch.cat([prompt, torch.tensor(completion[:eos], dtype=row.dtype, device=row.device)]).unsqueeze(0)
-            out_seqs.append((ids, len(prompt)))
-    model.train(was_training)
+            row = torch.cat([prompt, torch.tensor(completion[:eos], dtype=ids.dtype, device=ids.device)]).unsqueeze(0)
+            out_seqs.append((row, len(prompt)))
     return out_seqs
 
 

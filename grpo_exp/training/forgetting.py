@@ -30,6 +30,7 @@ from transformers import TrainerCallback
 from grpo_exp.base import log
 from grpo_exp.core.data import to_messages
 from grpo_exp.evaluation.generate import evaluate, model_device
+from grpo_exp.training.sampling import sample_batches
 
 logger = log.get_logger(__name__)
 
@@ -48,26 +49,10 @@ class Reference:
 def sample_reference(model, tokenizer, questions: list[str], *, system_prompt: str, max_new_tokens: int,
                      seed: int, batch_size: int = 32) -> Reference:
     """One completion per question from `model` at temperature 1 (its own distribution), with log-probs."""
-    padding_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    was_training = model.training
-    model.eval()
-    device = model_device(model)
-    rows = []
-    try:
-        for start in range(0, len(questions), batch_size):
-            messages = [to_messages(q, system_prompt) for q in questions[start:start + batch_size]]
-            enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                return_dict=True, padding=True).to(device)
-            torch.manual_seed(seed + start)
-            # top_k=0/top_p=1: the model's untruncated distribution, which the KL estimator assumes
-            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                 max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, use_cache=True)
-            completion = out[:, enc["input_ids"].shape[1]:]
-            rows.append((enc["input_ids"], enc["attention_mask"], completion, _completion_mask(completion, tokenizer)))
-    finally:
-        model.train(was_training)
-        tokenizer.padding_side = padding_side
+    messages = [to_messages(q, system_prompt) for q in questions]
+    rows = [(enc["input_ids"], enc["attention_mask"], completion, _completion_mask(completion, tokenizer))
+            for enc, completion in sample_batches(model, tokenizer, messages, max_new_tokens=max_new_tokens,
+                                                  temperature=1.0, batch_size=batch_size, seed=seed)]
     # [left-padded prompt | completion | right padding], so every completion starts in the same column
     prompts, prompt_masks = _pad_cat([r[0] for r in rows], left=True), _pad_cat([r[1] for r in rows], left=True)
     completions, masks = _pad_cat([r[2] for r in rows], left=False), _pad_cat([r[3] for r in rows], left=False)

@@ -16,20 +16,11 @@ from grpo_exp.training.curriculum import run_curriculum, transfer_metrics
 from grpo_exp.training.stage import StageParts, train
 from grpo_exp.training.trainer import build_trainer
 from tests.conftest import compose_cfg
+from tests.training.briefly import spread_reward  # noqa: F401 (fixture)
 
 FAST = ["debug=smoke", "stage.num_train=8", "ewc.fisher_samples=4", "ewc.fisher_batch_size=4"]
 
 
-def vowel_fraction(completions, **kwargs):
-    """A reward with spread on random-token text, so GRPO advantages (and updates) are non-zero."""
-    texts = [rewards.completion_text(c) for c in completions]
-    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
-
-
-@pytest.fixture
-def spread_reward(monkeypatch):
-    monkeypatch.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
-    return ["reward.funcs=[vowel_fraction]", "reward.weights=[1.0]"]
 
 
 def test_accumulation_steps_do_not_change_the_penalty_or_its_gradient(tmp_path):

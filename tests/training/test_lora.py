@@ -211,7 +211,7 @@ def test_shared_prefix_matches_trls_forward_with_an_adapter(tmp_path):
     from peft import get_peft_model
     from trl.trainer.utils import add_fused_lm_head
 
-    from tests.training.test_shared_prefix import grpo_batch, score
+    from tests.training.test_shared_prefix import grpo_batch, score, trl_forward
 
     cfg = compose_cfg(["debug=smoke", "peft=lora"], tmp_path)
     base, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
@@ -228,10 +228,7 @@ def test_shared_prefix_matches_trls_forward_with_an_adapter(tmp_path):
     keep = 10
 
     def trl():
-        labels = ids.masked_fill(mask == 0, -100)
-        labels[:, :-keep] = -100
-        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
-        return out.log_probs[:, -keep:], out.entropy[:, -keep:]
+        return trl_forward(model, ids, mask, keep)
 
     def shared():
         return shared_prefix.completion_logps(model, ids, mask, keep, 0.7, True)

@@ -5,19 +5,16 @@ speed belongs to grpo-bench."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-from grpo_exp.base import cpu
 from grpo_exp.config.checks import validate
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.core import data, models, rewards
+from grpo_exp.core import models
 from grpo_exp.training import rollout
-from grpo_exp.training.stage import StageParts
-from grpo_exp.training.trainer import build_trainer
 from tests.conftest import compose_cfg
+from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
 
 FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none",
         "train.max_completion_length=8", "reward.funcs=[vowel_fraction]", "reward.weights=[1.0]",
@@ -25,15 +22,7 @@ FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger
 PROMPTS = ["What is 7 + 5?", "Tom has 12 apples and eats 3 of them. How many are left?"]
 
 
-def vowel_fraction(completions, **kwargs):
-    """A reward with spread on random-token text, so GRPO advantages (and updates) are non-zero."""
-    texts = [rewards.completion_text(c) for c in completions]
-    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
-
-
-@pytest.fixture(autouse=True)
-def spread_reward(monkeypatch):
-    monkeypatch.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
+pytestmark = pytest.mark.usefixtures("spread_reward")
 
 
 @pytest.fixture(scope="module")
@@ -263,35 +252,8 @@ def test_mismatch_metrics_by_hand():
 
 
 def one_step(tmp_path, overrides: list[str]):
-    """One GRPO step through build_trainer; returns the trainer, what compute_loss saw, losses, and whether
-    parameters moved."""
-    cfg = compose_cfg([*FAST, *overrides], tmp_path)
-    validate(cfg)
-    threads, env = torch.get_num_threads(), {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    cpu.apply(cfg.cpu)
-    try:
-        funcs, weights = rewards.build(list(cfg.reward.funcs), list(cfg.reward.weights))
-        dataset = data.to_dataset(data.build_examples("basic", "train", num_train=16, num_test=8, seed=0), "")
-        model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        parts = StageParts(model, tokenizer, [], dataset, funcs, weights, None, None, None)
-        trainer = build_trainer(cfg, parts, output_dir=tmp_path, callbacks=[])
-        seen = []
-        compute_loss = trainer.compute_loss
-
-        def recording(model, inputs, *a, **kw):
-            seen.append({k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
-            return compute_loss(model, inputs, *a, **kw)
-
-        trainer.compute_loss = recording
-        trainer.train()
-    finally:
-        torch.set_num_threads(threads)
-        for key, value in env.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
-    moved = any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
-    return trainer, seen, losses, moved
+    """One GRPO step: (trainer, the batches compute_loss saw, losses, whether parameters moved)."""
+    return train_briefly(compose_cfg([*FAST, *overrides], tmp_path))
 
 
 @pytest.mark.parametrize("path", ["trl", "engine"])

@@ -31,6 +31,15 @@ def grpo_batch(tokenizer, prompts: list[str], repeats: int, completion_len: int,
     return torch.cat([enc.input_ids, completions], 1), torch.cat([enc.attention_mask, completion_mask], 1)
 
 
+def trl_forward(model, ids, mask, keep: int):
+    """TRL's own scoring forward (the fused LM head GRPOTrainer patches in): log-probs and entropies of
+    the last `keep` tokens."""
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-keep] = -100
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    return out.log_probs[:, -keep:], out.entropy[:, -keep:]
+
+
 def score(model, fn):
     model.zero_grad(set_to_none=True)
     logps, entropy = fn()
@@ -46,13 +55,7 @@ def test_matches_trls_forward_values_and_gradients(tiny):
                            repeats=3, completion_len=10)
     keep = 10
 
-    def trl():
-        labels = ids.masked_fill(mask == 0, -100)
-        labels[:, :-keep] = -100
-        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
-        return out.log_probs[:, -keep:], out.entropy[:, -keep:]
-
-    reference = score(model, trl)
+    reference = score(model, lambda: trl_forward(model, ids, mask, keep))
     shared = score(model, lambda: shared_prefix.completion_logps(model, ids, mask, keep, 0.7, True))
     valid = mask[:, -keep:].bool()
     assert reference[0][valid].abs().min() > 0  # real log-probs, not masked zeros

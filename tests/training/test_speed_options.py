@@ -5,23 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from grpo_exp.base import cpu
-from grpo_exp.core import data
-from grpo_exp.core import models
 from grpo_exp.core import rewards
 from grpo_exp.training import shared_prefix
 from grpo_exp.config.schema import generation_batch
-from grpo_exp.training.stage import StageParts
-from grpo_exp.config.checks import validate
-from grpo_exp.training.trainer import build_trainer
 from tests.conftest import ROOT, compose_cfg
+from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
+from tests.spread_reward_main import vowel_fraction
 
 # debug=smoke: tiny random model, 2 prompts x 2 completions per step; 8 tokens
 FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none", "train.max_completion_length=8",
@@ -41,48 +36,16 @@ OPTIONS = {
 }
 
 
-def vowel_fraction(completions, **kwargs):
-    """A reward with spread on random-token text, so GRPO advantages (and updates) are non-zero."""
-    texts = [rewards.completion_text(c) for c in completions]
-    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
-
-
-@pytest.fixture(autouse=True)
-def spread_reward(monkeypatch):
-    monkeypatch.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
+pytestmark = pytest.mark.usefixtures("spread_reward")
 
 
 def one_run(tmp_path, overrides: list[str]):
-    """Train for one generation round (>= 1 step) and return what a step saw and produced."""
+    """Train for one generation round (>= 1 step): (cfg, trainer, each step's input shapes, losses, moved)."""
     cfg = compose_cfg([*FAST, *overrides], tmp_path)
-    _, spg = generation_batch(cfg.train)
-    cfg.train.max_steps = max(spg, 1)  # one generation round: the buffered (off-policy) steps run too
-    validate(cfg)
-    threads, env = torch.get_num_threads(), {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    cpu.apply(cfg.cpu)
-    try:
-        funcs, weights = rewards.build(list(cfg.reward.funcs), list(cfg.reward.weights))
-        dataset = data.to_dataset(data.build_examples("basic", "train", num_train=16, num_test=8, seed=0), "")
-        model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        parts = StageParts(model, tokenizer, [], dataset, funcs, weights, None, None, None)
-        trainer = build_trainer(cfg, parts, output_dir=tmp_path, callbacks=[])
-        seen = []
-        compute_loss = trainer.compute_loss
-
-        def recording(model, inputs, *a, **kw):
-            seen.append({k: tuple(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)})
-            return compute_loss(model, inputs, *a, **kw)
-
-        trainer.compute_loss = recording
-        trainer.train()
-    finally:
-        torch.set_num_threads(threads)
-        for key, value in env.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
-    moved = any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
-    return cfg, trainer, seen, losses, moved
+    cfg.train.max_steps = max(generation_batch(cfg.train)[1], 1)  # one round: the buffered (off-policy) steps run too
+    trainer, seen, losses, moved = train_briefly(cfg)
+    shapes = [{k: tuple(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)} for inputs in seen]
+    return cfg, trainer, shapes, losses, moved
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,59 @@
+"""Short real GRPO training for tests: a reward with spread on the tiny model's random text, and one helper
+that builds a trainer around a composed config, trains it and reports what its steps saw and did."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from grpo_exp.base import cpu
+from grpo_exp.config.checks import validate
+from grpo_exp.core import data, models, rewards
+from grpo_exp.training.stage import StageParts
+from grpo_exp.training.trainer import build_trainer
+from tests.spread_reward_main import vowel_fraction
+
+# Math rewards score 0 on random tokens (no advantages, no updates); vowel_fraction has spread.
+SPREAD_REWARD = ["reward.funcs=[vowel_fraction]", "reward.weights=[1.0]"]
+
+
+@pytest.fixture
+def spread_reward(monkeypatch):
+    """Registers vowel_fraction; returns the overrides that select it."""
+    monkeypatch.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
+    return SPREAD_REWARD
+
+
+def train_briefly(cfg):
+    """Train cfg's model on 16 basic problems for cfg.train.max_steps through build_trainer.
+
+    Returns (trainer, every batch compute_loss saw, the logged losses, whether any parameter moved). The
+    process's thread settings are restored afterwards, so later tests are not left on cfg's."""
+    validate(cfg)
+    threads, env = torch.get_num_threads(), {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    cpu.apply(cfg.cpu)
+    try:
+        funcs, weights = rewards.build(list(cfg.reward.funcs), list(cfg.reward.weights))
+        dataset = data.to_dataset(data.build_examples("basic", "train", num_train=16, num_test=8, seed=0), "")
+        model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        parts = StageParts(model, tokenizer, [], dataset, funcs, weights, None, None, None)
+        trainer = build_trainer(cfg, parts, output_dir=cfg.paths.output_dir, callbacks=[])
+        seen = []
+        compute_loss = trainer.compute_loss
+
+        def recording(model, inputs, *a, **kw):
+            seen.append({k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+            return compute_loss(model, inputs, *a, **kw)
+
+        trainer.compute_loss = recording
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+        for key, value in env.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    moved = any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
+    return trainer, seen, losses, moved
