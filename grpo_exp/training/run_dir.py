@@ -86,8 +86,10 @@ def record_or_compare(cfg: Any, run_dir: Path) -> None:
         write_json(path, now)
         return
     then = json.loads(path.read_text())
+    # options added to the schema after the run started, left at their defaults, train as the run did
+    newer = {k for k in set(now) - set(then) if _schema_default(k) == now[k]}
     changed = [f"{k} ({then.get(k, '<unset>')!r} -> {now.get(k, '<unset>')!r})"
-               for k in sorted(set(then) | set(now)) if then.get(k) != now.get(k)]
+               for k in sorted((set(then) | set(now)) - newer) if then.get(k) != now.get(k)]
     if not changed:
         return
     if cfg.get("resume_allow_changes"):
@@ -96,3 +98,25 @@ def record_or_compare(cfg: Any, run_dir: Path) -> None:
         return
     raise ConfigError(f"resume would train other settings than {run_dir} was started with: {'; '.join(changed)}; "
                       f"resume with the run's own settings, or add resume_allow_changes=true")
+
+
+_NO_DEFAULT = object()
+
+
+def _schema_default(key: str) -> Any:
+    """The schema's default of a dotted `<group>.<field>` key (config/schema.py), or a sentinel equal to nothing."""
+    import dataclasses
+
+    from grpo_exp.config.schema import GROUPS
+
+    group, _, name = key.partition(".")
+    schema = GROUPS.get(group)
+    found = {f.name: f for f in dataclasses.fields(schema)} if schema else {}
+    spec = found.get(name)
+    if spec is None:
+        return _NO_DEFAULT
+    if spec.default is not dataclasses.MISSING:
+        return spec.default
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return _NO_DEFAULT
