@@ -17,10 +17,10 @@ from grpo_exp.evaluation.stats import wilson_interval
 
 
 def job_sets(job: dict, before_after: dict | None) -> dict[str, dict] | None:
-    """{set: {"start", "final", "ci", "new"}} of one job, or None when it measured no transfer.
+    """{set: {"start", "final", "ci", "new", "diff_ci"}} of one job, or None when it measured no transfer.
 
     "new" marks the set the job's last stage trained on; the other sets are earlier stages, whose
-    start - final is their forgetting."""
+    start - final is their forgetting; "diff_ci" is the paired 95% interval of final - start where known."""
     curriculum = job.get("curriculum")
     if curriculum and curriculum.get("matrix"):
         stages, matrix = curriculum["stages"], curriculum["matrix"]
@@ -37,7 +37,8 @@ def job_sets(job: dict, before_after: dict | None) -> dict[str, dict] | None:
     if (before_after or {}).get("before") != "start" or len(sets) < 2:
         return None  # from the base model, or only the new stage scored: nothing earlier to forget
     stage = job["row"].get("stage")
-    return {name: {"start": v["before"], "final": v["after"], "ci": tuple(v["after_ci95"]), "new": name == stage}
+    return {name: {"start": v["before"], "final": v["after"], "ci": tuple(v["after_ci95"]), "new": name == stage,
+                   "diff_ci": v.get("accuracy_diff_ci95")}
             for name, v in sets.items()}
 
 
@@ -50,6 +51,8 @@ def job_row(sets: dict[str, dict]) -> dict:
         row[f"{name}_ci95"] = f"[{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
         if not v["new"] and v["start"] is not None:
             row[f"{name}_forgetting"] = v["start"] - v["final"]
+            if v.get("diff_ci"):  # the paired interval of final - start, turned around
+                row[f"{name}_forgetting_ci95"] = f"[{-v['diff_ci'][1]:.3f}, {-v['diff_ci'][0]:.3f}]"
             earlier.append(v["final"] - v["start"])
         elif v["new"] and v["start"] is not None:
             row[f"{name}_gain"] = v["final"] - v["start"]

@@ -36,6 +36,17 @@ def mcnemar_exact_p(b: int, c: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def paired_difference_interval(b: int, c: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wald interval of a paired accuracy difference (c - b) / n from the discordant counts b (only the
+    first model right) and c (only the second): its variance comes from the discordant pairs alone, so
+    it is narrower than two independent intervals would suggest (Agresti, Categorical Data Analysis, 10.1)."""
+    if n == 0:
+        return 0.0, 0.0
+    diff = (c - b) / n
+    half = z * math.sqrt(max(b + c - (c - b) ** 2 / n, 0.0)) / n
+    return diff - half, diff + half
+
+
 def paired(a: list[dict], b: list[dict]) -> dict:
     """Per-problem comparison of two sample lists of the same problems (b relative to a)."""
     if [s["question"] for s in a] != [s["question"] for s in b]:
@@ -44,5 +55,5 @@ def paired(a: list[dict], b: list[dict]) -> dict:
     only_b = sum(y["correct"] and not x["correct"] for x, y in zip(a, b))
     n = len(a)
     diff = (sum(y["correct"] for y in b) - sum(x["correct"] for x in a)) / n if n else 0.0
-    return {"accuracy_diff": diff, "only_first_correct": only_a, "only_second_correct": only_b,
-            "mcnemar_p": mcnemar_exact_p(only_a, only_b)}
+    return {"accuracy_diff": diff, "accuracy_diff_ci95": list(paired_difference_interval(only_a, only_b, n)),
+            "only_first_correct": only_a, "only_second_correct": only_b, "mcnemar_p": mcnemar_exact_p(only_a, only_b)}

@@ -145,7 +145,8 @@ def test_a_job_that_raises_leaves_status_and_traceback(tmp_path):
 def _stage_two_job(path, lam, seed, basic, inter, kl):
     """A later stage trained from the basic stage's model and scored on both stages (eval.sets)."""
     def entry(before, after):
-        return {"n": 200, "before": before, "after": after, "after_ci95": [after - 0.05, after + 0.05]}
+        return {"n": 200, "before": before, "after": after, "after_ci95": [after - 0.05, after + 0.05],
+                "accuracy_diff_ci95": [after - before - 0.04, after - before + 0.04]}
     _fake_job(path, [f"ewc.lambda={lam}", f"train.seed={seed}"],
               {"stage": {"name": "intermediate"}, "ewc": {"lambda": lam}, "train": {"seed": seed}},
               {"metrics.json": {"status": "completed", "steps": 60},
@@ -168,6 +169,7 @@ def test_report_summarises_forgetting_per_ewc_lambda(tmp_path):
     assert per_job["basic_forgetting"].round(3).tolist() == [0.1, 0.17, 0.02, 0.0]  # start - final, seed 1 first
     assert per_job["intermediate_gain"].round(3).tolist() == [0.04, 0.03, 0.0, -0.005]
     assert per_job["bwt"].round(3).tolist() == [-0.1, -0.17, -0.02, 0.0]
+    assert per_job["basic_forgetting_ci95"].tolist()[:2] == ["[0.060, 0.140]", "[0.130, 0.210]"]
     means = pd.read_csv(sweep / "ewc_lambda_summary.csv").set_index("ewc_lambda")
     assert means["seeds"].tolist() == [2, 2]
     assert means["basic_forgetting"].round(3).tolist() == [0.135, 0.01]

@@ -14,7 +14,7 @@ from grpo_exp.evaluation.compare import run_comparison
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.evaluation.run import check, evaluate_after_train, load_sets, set_settings
 from grpo_exp.evaluation.generate import evaluate, score
-from grpo_exp.evaluation.stats import mcnemar_exact_p, paired, wilson_interval
+from grpo_exp.evaluation.stats import mcnemar_exact_p, paired, paired_difference_interval, wilson_interval
 from tests.conftest import compose_cfg, run_module
 
 # Made-up word problems in GSM8K's format ("#### n" ends the worked answer).
@@ -172,6 +172,11 @@ def test_paired_statistics():
     assert (d["only_first_correct"], d["only_second_correct"]) == (1, 2) and d["accuracy_diff"] == pytest.approx(0.2)
     assert d["mcnemar_p"] == pytest.approx(1.0)  # 2 * P(X <= 1 | n=3) = 2 * 4/8, capped
     assert mcnemar_exact_p(0, 6) == pytest.approx(2 / 64)
+    # by hand: diff 1/5, variance (1 + 2 - 1/5) / 25, half-width 1.96 * sqrt(2.8) / 5
+    low, high = d["accuracy_diff_ci95"]
+    assert (low, high) == (pytest.approx(0.2 - 1.96 * 2.8 ** 0.5 / 5), pytest.approx(0.2 + 1.96 * 2.8 ** 0.5 / 5))
+    assert paired_difference_interval(43, 9, 200) == (pytest.approx(-0.17 - 1.96 * (52 - 34 ** 2 / 200) ** 0.5 / 200),
+                                                       pytest.approx(-0.17 + 1.96 * (52 - 34 ** 2 / 200) ** 0.5 / 200))
 
 
 def test_comparison_base_fp32_vs_int8(tmp_path, tiny):
