@@ -401,9 +401,12 @@ def before_after(sets: list[EvalSet], before: dict, after: dict, before_label: s
                        "before_ci95": [b["accuracy_ci95_low"], b["accuracy_ci95_high"]],
                        "after_ci95": [a["accuracy_ci95_low"], a["accuracy_ci95_high"]],
                        "format_before": b["format_compliance"], "format_after": a["format_compliance"], **pairs}
-        rows.append([f"{s.name} ({a['n']})", _accuracy_ci(b), _accuracy_ci(a), f"{pairs['accuracy_diff']:+.3f}",
+        low, high = pairs["accuracy_diff_ci95"]
+        rows.append([f"{s.name} ({a['n']})", _accuracy_ci(b), _accuracy_ci(a),
+                     f"{pairs['accuracy_diff']:+.3f} [{low:+.3f}, {high:+.3f}]",
                      f"{pairs['mcnemar_p']:.2g}", f"{b['format_compliance']:.2f} -> {a['format_compliance']:.2f}"])
-    lines = [markdown_table(["set (n)", f"{before_label} accuracy [95% CI]", "trained accuracy [95% CI]", "difference",
+    lines = [markdown_table(["set (n)", f"{before_label} accuracy [95% CI]", "trained accuracy [95% CI]",
+                             "difference [paired 95% CI]",
                              "McNemar p", f"format {before_label} -> trained"], rows)]
     return {"before": before_label, "sets": out, "table": "\n".join(lines)}
 
