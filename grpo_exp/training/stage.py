@@ -178,7 +178,7 @@ def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
 
 
 def _ewc_source(init, state) -> str | None:
-    """Where the carried EWC state came from, for training_settings.json."""
+    """Where the carried EWC state came from (metrics.json, checkpoints' run state)."""
     if state is None:
         return None
     saved = init[1] / ewc.FISHER_FILE
