@@ -46,7 +46,7 @@ def run_settings(run_dir: str | Path) -> RunSettings:
     from omegaconf import OmegaConf
 
     from grpo_exp.config.options import group_options
-    from grpo_exp.evaluation.run import run_config
+    from grpo_exp.config.recorded import run_config
 
     run_dir = Path(run_dir)
     found = run_config(run_dir)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from grpo_exp.base.errors import ConfigError
+from grpo_exp.config.recorded import run_config
 from grpo_exp.config.schema import GROUPS, RunConfig
 
 
@@ -32,22 +35,12 @@ def _check_init_split(cfg: Any) -> None:
     """An earlier stage scored here must be scored on the split its own run held out: the split is drawn
     with the data seed (train.seed), so under another seed its 'held-out' problems include ones that run
     trained on."""
-    init = cfg.get("init_from")
-    if not init:
-        return
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
-    path = Path(str(init))
-    saved = next((p for p in (path / ".hydra" / "config.yaml", path.parent / ".hydra" / "config.yaml") if p.is_file()),
-                 None)
-    if saved is None:
-        return  # a bare model directory: no recorded split to protect
-    recorded = OmegaConf.load(saved)
-    seed, stage = OmegaConf.select(recorded, "train.seed"), OmegaConf.select(recorded, "stage.name")
+    found = run_config(cfg.get("init_from"))
+    if found is None:
+        return  # no init_from, or a bare model directory: no recorded split to protect
+    seed, stage = OmegaConf.select(found[0], "train.seed"), OmegaConf.select(found[0], "stage.name")
     scored = set(cfg.eval.sets) | set(cfg.eval.forgetting_sets)
     if seed is not None and stage in scored and int(seed) != int(cfg.train.seed):
-        raise ConfigError(f"init_from={init} trained {stage} with train.seed={seed}, but this run scores {stage} with "
+        raise ConfigError(f"init_from={cfg.init_from} trained {stage} with train.seed={seed}, but this run scores {stage} with "
                           f"train.seed={cfg.train.seed}, whose held-out split includes problems that run trained on; "
                           f"set train.seed={seed} or drop {stage} from eval.sets/eval.forgetting_sets")

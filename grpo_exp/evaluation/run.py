@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from grpo_exp.base import log
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.text import markdown_table
+from grpo_exp.config.recorded import run_config
 
 logger = log.get_logger(__name__)
 
@@ -55,17 +56,6 @@ def resolve_checkpoint(checkpoint: str | None) -> Path | None:
             return candidate
     raise ConfigError(f"checkpoint={checkpoint} holds no model (expected {path}/model/ or {path}/ with config.json "
                       f"and *.safetensors weights); give the run directory of a finished training run")
-
-
-def run_config(path: str | Path | None) -> tuple[DictConfig, Path] | None:
-    """(config, its file) a training run was started with (.hydra/config.yaml), for a run dir or its model/."""
-    if not path:
-        return None
-    path = Path(path)
-    for saved in (path / ".hydra" / "config.yaml", path.parent / ".hydra" / "config.yaml"):
-        if saved.is_file():
-            return OmegaConf.load(saved), saved
-    return None
 
 
 def run_model_name(path: str | Path | None) -> str | None:

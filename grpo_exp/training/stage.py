@@ -29,9 +29,9 @@ from grpo_exp.base.errors import ConfigError, TrainingHalted
 from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_json
 from grpo_exp.base.monitor import MonitorCallback, reset_peak_rss
 from grpo_exp.config.checks import validate
+from grpo_exp.config.recorded import run_config
 from grpo_exp.config.schema import generation_batch
 from grpo_exp.core import data, models, rewards
-from grpo_exp.evaluation.run import run_config
 from grpo_exp.training import checkpoints, ewc, lora
 from grpo_exp.training.run_dir import RunLock, record_or_compare
 from grpo_exp.training.trainer import GracefulStop, NonFiniteError, build_trainer, completions_per_step
