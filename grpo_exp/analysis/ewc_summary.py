@@ -82,34 +82,28 @@ def per_lambda(rows: list[dict]) -> list[dict]:
     return out
 
 
-def plot_accuracy_by_lambda(rows: list[dict], sets: list[str], path: Path) -> Path | None:
-    """Final accuracy per set against lambda: each seed a point with its 95% interval, the mean a line."""
-    if not rows:
+def plot_accuracy_by_lambda(jobs: list[tuple[float, dict[str, dict]]], path: Path) -> Path | None:
+    """Final accuracy per set against lambda, from (lambda, job_sets) pairs: each job a point with its 95%
+    interval, the mean over jobs a line, the mean starting accuracy a dotted line."""
+    if not jobs:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lambdas = sorted({float(r["ewc_lambda"]) for r in rows})
+    lambdas = sorted({float(lam) for lam, _ in jobs})
+    names = sorted({name for _, sets in jobs for name in sets})
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for k, name in enumerate(sets):
-        xs, ys, lo, hi = [], [], [], []
-        for r in rows:
-            if f"{name}_final" not in r:
-                continue
-            x = lambdas.index(float(r["ewc_lambda"])) + (k - (len(sets) - 1) / 2) * 0.12
-            y = r[f"{name}_final"]
-            low, high = (float(t) for t in r[f"{name}_ci95"].strip("[]").split(","))
-            xs.append(x), ys.append(y), lo.append(y - low), hi.append(high - y)
-        if not xs:
-            continue
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, alpha=0.7, color=f"C{k}")
-        means = [statistics.mean([r[f"{name}_final"] for r in rows if float(r["ewc_lambda"]) == lam
-                                  and f"{name}_final" in r] or [math.nan]) for lam in lambdas]
+    for k, name in enumerate(names):
+        points = [(float(lam), sets[name]) for lam, sets in jobs if name in sets]
+        xs = [lambdas.index(lam) + (k - (len(names) - 1) / 2) * 0.12 for lam, _ in points]
+        ys = [v["final"] for _, v in points]
+        errors = [[v["final"] - v["ci"][0] for _, v in points], [v["ci"][1] - v["final"] for _, v in points]]
+        ax.errorbar(xs, ys, yerr=errors, fmt="o", capsize=3, alpha=0.7, color=f"C{k}")
+        means = [statistics.mean([v["final"] for l, v in points if l == lam] or [math.nan]) for lam in lambdas]
         ax.plot(range(len(lambdas)), means, "-", color=f"C{k}", label=f"{name} (mean over seeds)")
-        starts = [r[f"{name}_final"] - r.get(f"{name}_gain", 0) + r.get(f"{name}_forgetting", 0)
-                  for r in rows if f"{name}_final" in r and (f"{name}_gain" in r or f"{name}_forgetting" in r)]
+        starts = [v["start"] for _, v in points if v["start"] is not None]
         if starts:
             ax.axhline(statistics.mean(starts), ls=":", color=f"C{k}", label=f"{name} at the stage's start")
     ax.set_xticks(range(len(lambdas)), [f"{lam:g}" for lam in lambdas])

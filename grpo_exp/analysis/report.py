@@ -542,7 +542,7 @@ def ewc_section(jobs: list[dict], out: Path) -> list[str]:
     """report.md's per-lambda forgetting tables and plot (and ewc_summary.csv), for sweeps over ewc.lambda
     whose jobs measured accuracy on earlier stages (ewc_summary.csv per job, ewc_lambda_summary.csv per lambda);
     no lines otherwise."""
-    rows = []
+    rows, measured = [], []
     for job in jobs:
         sets = ewc_summary.job_sets(job, job["before_after"]) if job["row"]["status"] == "completed" else None
         if sets is None or job["row"].get("ewc_lambda") is None:
@@ -550,14 +550,14 @@ def ewc_section(jobs: list[dict], out: Path) -> list[str]:
         kl = {k: v for k, v in job["row"].items() if k.startswith("forgetting_kl_")}
         rows.append({"job": job["row"]["job"], "ewc_lambda": job["row"]["ewc_lambda"], "seed": job["row"].get("seed"),
                      **ewc_summary.job_row(sets), **kl})
+        measured.append((job["row"]["ewc_lambda"], sets))
     if len({r["ewc_lambda"] for r in rows}) < 2:
         return []
     per_job = pd.DataFrame(rows).sort_values(["ewc_lambda", "seed"])
     per_job.to_csv(out / "ewc_summary.csv", index=False)
-    sets = sorted({k[: -len("_final")] for r in rows for k in r if k.endswith("_final")})
     means = pd.DataFrame(ewc_summary.per_lambda(rows))
     means.to_csv(out / "ewc_lambda_summary.csv", index=False)
-    plot = ewc_summary.plot_accuracy_by_lambda(rows, sets, out / "ewc_lambda.png")
+    plot = ewc_summary.plot_accuracy_by_lambda(measured, out / "ewc_lambda.png")
     lines = ["## EWC: final accuracy, forgetting and KL per lambda", "",
              "Per job (forgetting = accuracy when the earlier stage finished - final accuracy; gain = the new "
              "stage's final - start accuracy; forgetting_kl_*: KL from the earlier stage's policy at the last "
