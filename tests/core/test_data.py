@@ -178,7 +178,7 @@ def test_impossible_request_raises(monkeypatch):
 
 
 def test_unknown_level():
-    with pytest.raises(ValueError, match=r"'expert'.*basic, intermediate, advanced"):
+    with pytest.raises(ValueError, match=r"'expert'.*basic, two_step, intermediate, advanced"):
         generate("expert", 3, seed=0)
 
 
@@ -314,7 +314,7 @@ def test_build_examples_rejects_bad_names():
         build_examples("mathqa", "train", num_train=1, num_test=1, seed=0)
     with pytest.raises(ValueError, match="'validation'"):
         build_examples("basic", "validation", num_train=1, num_test=1, seed=0)
-    assert DATASETS == ("basic", "intermediate", "advanced", "gsm8k")
+    assert DATASETS == ("basic", "two_step", "intermediate", "advanced", "gsm8k")
 
 
 def test_to_messages():
