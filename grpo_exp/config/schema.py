@@ -80,7 +80,7 @@ class StageConfig:
     # held-out share: of the expression space (generated levels) or of a single GSM8K file
     test_fraction: float = 0.2
 
-    DATASETS = ("basic", "intermediate", "advanced", "gsm8k")
+    DATASETS = ("basic", "two_step", "intermediate", "advanced", "gsm8k")
 
     @staticmethod
     def check(stage: Any) -> None:
@@ -365,13 +365,17 @@ class EvalConfig:
     # after training: evaluate the trained model and the model it started from on the same held-out
     # problems, and print a before/after table with a paired McNemar test
     after_train: bool = True
-    # names from conf/stage (basic, intermediate, advanced, gsm8k); empty: the current stage
+    # names from conf/stage (basic, two_step, intermediate, advanced, gsm8k); empty: the current stage
     sets: List[str] = field(default_factory=list)
     limit: int = 200  # problems per set: a fixed seeded subset of the held-out split
     batch_size: int = 32
     max_new_tokens: Optional[int] = None  # None: each set's stage max_completion_length
     do_sample: bool = False  # greedy by default
     temperature: float = 1.0
+    # sampling filters, as train.top_k/top_p: 0 and 1.0 sample the whole vocabulary, as TRL's rollouts do
+    # (HF generate alone would apply top_k=50, a sharper sampler than the one training learns from)
+    top_k: int = 0
+    top_p: float = 1.0
     seed: int = 0
     # pass@k (unbiased estimator, Chen et al. 2021) from `num_samples` completions per problem sampled
     # at eval.temperature, beside the greedy accuracy; e.g. eval.pass_k=[1,8]. Empty: greedy only.
@@ -399,6 +403,8 @@ class EvalConfig:
         require(ev.max_new_tokens is None or ev.max_new_tokens >= 1,
                 f"eval.max_new_tokens={ev.max_new_tokens} must be a positive integer or null (the stage's length)")
         require(math.isfinite(ev.temperature) and ev.temperature > 0, f"eval.temperature={ev.temperature} must be > 0")
+        require(ev.top_k >= 0, f"eval.top_k={ev.top_k} must be >= 0 (0: no top-k filter)")
+        require(0 < ev.top_p <= 1, f"eval.top_p={ev.top_p} must be in (0, 1]")
         require(ev.every_steps is None or ev.every_steps >= 1,
                 f"eval.every_steps={ev.every_steps} must be a positive integer (or null to turn it off)")
         for k in ev.pass_k:

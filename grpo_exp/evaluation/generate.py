@@ -39,8 +39,8 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
-                         do_sample: bool = False, temperature: float = 1.0, seed: int = 0,
-                         desc: str = "generating") -> tuple[list[str], list[int], float, int]:
+                         do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                         seed: int = 0, desc: str = "generating") -> tuple[list[str], list[int], float, int]:
     """Completions for chat prompts: (texts, completion token counts, seconds spent generating,
     token positions decoded). A batch decodes until its longest completion ends, so positions
     include the padding after shorter completions' EOS: positions / seconds is the raw decoding
@@ -59,7 +59,8 @@ def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new
         kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "use_cache": True}
         if do_sample:
             torch.manual_seed(generator_seed + start)
-            kwargs.update(do_sample=True, temperature=temperature)
+            # top_k=0 explicitly: left unset, generate filters to the 50 likeliest tokens
+            kwargs.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         t0 = time.perf_counter()
@@ -126,26 +127,28 @@ def _mean(values: list[float]) -> float | None:
 
 def sampled_correct_counts(model, tokenizer, examples: list[dict], prompts: list[list[dict]], *, num_samples: int,
                            max_new_tokens: int, batch_size: int, temperature: float, seed: int,
-                           desc: str) -> list[int]:
+                           desc: str, top_k: int = 0, top_p: float = 1.0) -> list[int]:
     """How many of `num_samples` sampled completions per problem are correct."""
     repeated = [p for p in prompts for _ in range(num_samples)]
     texts, _, _, _ = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens,
                                           batch_size=batch_size, do_sample=True, temperature=temperature,
-                                          seed=seed, desc=desc)
+                                          top_k=top_k, top_p=top_p, seed=seed, desc=desc)
     answers = [str(ex["answer"]) for ex in examples for _ in range(num_samples)]
     correct = rewards.correctness(texts, answers)
     return [int(sum(correct[i * num_samples:(i + 1) * num_samples])) for i in range(len(examples))]
 
 
 def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_new_tokens: int, batch_size: int = 8,
-             do_sample: bool = False, temperature: float = 1.0, seed: int = 0, desc: str = "eval",
-             pass_k: list[int] | tuple = (), num_samples: int | None = None) -> tuple[dict, list[dict]]:
+             do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             desc: str = "eval", pass_k: list[int] | tuple = (),
+             num_samples: int | None = None) -> tuple[dict, list[dict]]:
     """Generate for every problem and score against its ground truth; with `pass_k`, also sample
     `num_samples` completions per problem at `temperature` and report pass@k for each k."""
     prompts = [to_messages(ex["question"], system_prompt) for ex in examples]
     texts, lengths, seconds, positions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                                    batch_size=batch_size, do_sample=do_sample,
-                                                   temperature=temperature, seed=seed, desc=desc)
+                                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                                   desc=desc)
     metrics, samples = score(examples, texts, lengths)
     metrics.update({
         "generation_s": seconds,
@@ -161,11 +164,13 @@ def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_
         n = num_samples or max(pass_k)
         counts = sampled_correct_counts(model, tokenizer, examples, prompts, num_samples=n,
                                         max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                        temperature=temperature, seed=seed, desc=f"{desc} pass@k")
+                                        temperature=temperature, seed=seed, desc=f"{desc} pass@k",
+                                        top_k=top_k, top_p=top_p)
         metrics["pass_at_k"] = {str(k): sum(pass_at_k(n, c, k) for c in counts) / len(counts) if counts else 0.0
                                 for k in sorted(set(pass_k))}
         metrics["pass_samples"] = n
         metrics["pass_temperature"] = temperature
+        metrics["pass_top_k"], metrics["pass_top_p"] = top_k, top_p
         for row, c in zip(samples, counts):
             row["sampled_correct"] = c
     return metrics, samples

@@ -199,7 +199,8 @@ def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -
     for s in sets:
         metrics, rows = evaluate(model, tokenizer, s.examples, system_prompt=cfg.reward.system_prompt,
                                  max_new_tokens=s.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample,
-                                 temperature=ev.temperature, seed=ev.seed, desc=" ".join(filter(None, ("eval", label, s.name))),
+                                 temperature=ev.temperature, top_k=ev.top_k, top_p=ev.top_p, seed=ev.seed,
+                                 desc=" ".join(filter(None, ("eval", label, s.name))),
                                  pass_k=list(ev.pass_k), num_samples=pass_k_samples(ev))
         metrics.update({"dataset": s.dataset, "source": s.source, "held_out": s.held_out,
                         "max_new_tokens": s.max_new_tokens})
@@ -234,6 +235,8 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
         "max_new_tokens": {s.name: s.max_new_tokens for s in sets},
         "decoding": "sampled" if cfg.eval.do_sample else "greedy",
         "temperature": cfg.eval.temperature if cfg.eval.do_sample or cfg.eval.pass_k else None,
+        "top_k": cfg.eval.top_k if cfg.eval.do_sample or cfg.eval.pass_k else None,
+        "top_p": cfg.eval.top_p if cfg.eval.do_sample or cfg.eval.pass_k else None,
         "pass_k": list(cfg.eval.pass_k),
         "seed": cfg.eval.seed,
         "data_seed": cfg.train.seed,
@@ -351,6 +354,8 @@ def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = No
                  list(cfg.eval.pass_k), pass_k_samples(cfg.eval), cfg.quantization.method],
         "torch": torch.__version__,
     }
+    if cfg.eval.do_sample or cfg.eval.pass_k:  # greedy figures do not depend on the filters (old keys stay valid)
+        key["sampling_filters"] = [cfg.eval.top_k, cfg.eval.top_p]
     if start_model_dir is not None:
         model_dir = Path(start_model_dir).resolve()
         key["start_model"] = [str(model_dir), sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)

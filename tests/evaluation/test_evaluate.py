@@ -13,7 +13,7 @@ from grpo_exp.core import models
 from grpo_exp.evaluation.compare import run_comparison
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.evaluation.run import check, evaluate_after_train, load_sets, set_settings
-from grpo_exp.evaluation.generate import evaluate, score
+from grpo_exp.evaluation.generate import generate_completions, evaluate, score
 from grpo_exp.evaluation.stats import mcnemar_exact_p, paired, paired_difference_interval, wilson_interval
 from tests.conftest import compose_cfg, run_module
 
@@ -140,6 +140,8 @@ def test_other_sets_take_their_stage_settings_and_eval_overrides(tmp_path):
     (["eval.limit=300"], "holds 200 held-out problems (stage.num_test) but 300 were asked for (eval.limit=300)"),
     (["eval.every_steps=0"], "eval.every_steps=0 must be a positive integer"),
     (["eval.pass_k=[1,16]", "eval.num_samples=8"], "eval.pass_k has k=16, above the 8 samples per problem"),
+    (["eval.top_k=-1"], "eval.top_k=-1 must be >= 0"),
+    (["eval.top_p=0"], "eval.top_p=0.0 must be in (0, 1]"),
 ])
 def test_check_fails_with_one_line(tmp_path, overrides, needle):
     cfg = compose_cfg(["model=tiny_random", *overrides], tmp_path, config_name="evaluate")
@@ -222,7 +224,7 @@ def test_entrypoint_bad_input_exits_2_with_one_line(tmp_path, case):
     args, needle = {
         "missing": (["checkpoint=/no/such/run"], "checkpoint=/no/such/run does not exist"),
         "not_a_model": ([f"checkpoint={tmp_path}"], "holds no model"),
-        "unknown_set": (["eval.sets=[basic,expert]"], "valid sets: advanced, basic, gsm8k, intermediate"),
+        "unknown_set": (["eval.sets=[basic,expert]"], "valid sets: advanced, basic, gsm8k, intermediate, two_step"),
         "bad_jsonl": (["eval.sets=[gsm8k]", f"stage.path={tmp_path / 'bad.jsonl'}"], "bad.jsonl, line 2"),
     }[case]
     (tmp_path / "bad.jsonl").write_text(json.dumps(GSM8K_ROWS[0]) + "\n{not json\n")
@@ -256,6 +258,41 @@ def test_evaluate_reports_pass_at_k(tiny):
     assert metrics["pass_at_k"] == {"1": 0.5, "4": 0.5}
     assert (metrics["pass_samples"], metrics["pass_temperature"]) == (4, 0.7)
     assert [s["sampled_correct"] for s in samples] == [4, 0]
+
+
+def _sampled_token_ranks(model, tokenizer, monkeypatch, **filters) -> list[int]:
+    """The rank, in the model's own next-token distribution, of every token sampled at temperature 5."""
+    drawn = []
+    real_generate = model.generate
+
+    def recording_generate(**kwargs):  # the real generate; only its output is kept for the check below
+        out = real_generate(**kwargs)
+        drawn.append((kwargs["input_ids"].shape[1], out))
+        return out
+
+    monkeypatch.setattr(model, "generate", recording_generate)
+    prompts = [[{"role": "user", "content": f"What is {a} + 3?"}] for a in range(4)]
+    generate_completions(model, tokenizer, prompts, max_new_tokens=12, batch_size=4, do_sample=True,
+                         temperature=5.0, seed=0, **filters)
+    monkeypatch.undo()
+    ranks = []
+    for start, out in drawn:
+        with torch.no_grad():
+            logits = model(out).logits[:, start - 1:-1]
+        for row_logits, row in zip(logits, out[:, start:]):
+            for scores, token in zip(row_logits, row):
+                if token == tokenizer.eos_token_id:
+                    break  # what follows is padding, not a draw
+                ranks.append(int((scores > scores[token]).sum()))
+    return ranks
+
+
+def test_sampling_draws_from_the_whole_vocabulary_as_training_does(tiny, monkeypatch):
+    # generate() alone filters to the 50 likeliest tokens; pass@k must sample as TRL's rollouts do (top_k=0).
+    model, tokenizer = tiny
+    assert max(_sampled_token_ranks(model, tokenizer, monkeypatch)) >= 50
+    assert max(_sampled_token_ranks(model, tokenizer, monkeypatch, top_k=50)) < 50
+    assert max(_sampled_token_ranks(model, tokenizer, monkeypatch, top_k=1)) == 0
 
 
 def _fake_run(tmp_path, tiny, seed: int):
