@@ -223,10 +223,16 @@ def model_info(model, model_dir: Path | None, method: str) -> dict:
     }
 
 
+def _samples(ev) -> bool:
+    """Whether an evaluation draws samples (do_sample or pass@k), so that its sampler settings matter."""
+    return bool(ev.do_sample or ev.pass_k)
+
+
 def settings_summary(cfg, sets: list[EvalSet]) -> dict:
     """The evaluation settings eval.json records beside the figures."""
     import torch
 
+    sampled = _samples(cfg.eval)
     return {
         "model": cfg.model.name,
         "sets": [s.name for s in sets],
@@ -234,9 +240,9 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
         "batch_size": cfg.eval.batch_size,
         "max_new_tokens": {s.name: s.max_new_tokens for s in sets},
         "decoding": "sampled" if cfg.eval.do_sample else "greedy",
-        "temperature": cfg.eval.temperature if cfg.eval.do_sample or cfg.eval.pass_k else None,
-        "top_k": cfg.eval.top_k if cfg.eval.do_sample or cfg.eval.pass_k else None,
-        "top_p": cfg.eval.top_p if cfg.eval.do_sample or cfg.eval.pass_k else None,
+        "temperature": cfg.eval.temperature if sampled else None,
+        "top_k": cfg.eval.top_k if sampled else None,
+        "top_p": cfg.eval.top_p if sampled else None,
         "pass_k": list(cfg.eval.pass_k),
         "seed": cfg.eval.seed,
         "data_seed": cfg.train.seed,
@@ -354,7 +360,7 @@ def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = No
                  list(cfg.eval.pass_k), pass_k_samples(cfg.eval), cfg.quantization.method],
         "torch": torch.__version__,
     }
-    if cfg.eval.do_sample or cfg.eval.pass_k:  # greedy figures do not depend on the filters (old keys stay valid)
+    if _samples(cfg.eval):  # greedy figures do not depend on the filters (old keys stay valid)
         key["sampling_filters"] = [cfg.eval.top_k, cfg.eval.top_p]
     if start_model_dir is not None:
         model_dir = Path(start_model_dir).resolve()
