@@ -202,6 +202,21 @@ def answer_format(completions: list, answer: list[str] | None = None, **kwargs: 
     return scores
 
 
+def stated_correctness(completions: list, answer: list[str], **kwargs: Any) -> list[float]:
+    """1.0 when the completion states its answer in the asked format (`answer_format`) and that answer is right.
+
+    Correctness and format in one reward: a group where every answer is wrong scores all zeros and so has no
+    advantage to scale, whereas a separate format bonus is blown up to unit size in such groups by std scaling
+    (README, "Curriculum calibration"); and a right number buried in text after the answer line does not count.
+    """
+    answers = _checked_answers(completions, answer, "stated_correctness")
+    stated = answer_format(completions)
+    return [
+        1.0 if ok and answers_match(extract_answer(text), truth) else 0.0
+        for ok, text, truth in zip(stated, _texts(completions), answers)
+    ]
+
+
 def cookbook_format_exact(
     completions: list, answer: list[str] | None = None, **kwargs: Any
 ) -> list[float]:
@@ -300,6 +315,7 @@ REGISTRY: dict[str, Callable[..., list[float]]] = {
     for fn in (
         correctness,
         answer_format,
+        stated_correctness,
         cookbook_format_exact,
         cookbook_format_approx,
         cookbook_answer,

@@ -168,6 +168,23 @@ def test_answer_format(completions):
 
 
 @pytest.mark.parametrize("completions", both_formats([
+    "3 * 5 = 15, 15 + 2 = 17.\nThe answer is 17.",
+    "3 * 5 + 2 = 17",  # right, but not stated as asked
+    "The answer is 15.",  # stated, but wrong
+    "The answer is 17. Then again, the answer is 15.",  # the last statement is the answer
+    "<SOLUTION>17</SOLUTION>",
+    "",
+]))
+def test_stated_correctness_needs_a_right_answer_stated_as_asked(completions):
+    answer = ["17"] * 6
+    assert REGISTRY["stated_correctness"](completions, answer=answer) == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    # it is the product of the two rewards it combines, on every completion
+    assert REGISTRY["stated_correctness"](completions, answer=answer) == [
+        c * f for c, f in zip(REGISTRY["correctness"](completions, answer=answer),
+                              REGISTRY["answer_format"](completions, answer=answer))]
+
+
+@pytest.mark.parametrize("completions", both_formats([
     cookbook("17"),
     cookbook("17", start=False),
     "  \n" + cookbook("17") + "\n\n",
@@ -299,6 +316,7 @@ def test_registry_contents():
         "cookbook_numbers",
         "correctness",
         "heuristic_reasoning",
+        "stated_correctness",
     ]
 
 
