@@ -585,6 +585,7 @@ def child_main(spec_path: Path) -> int:
         "gradient_accumulation_steps": a.gradient_accumulation_steps,
         "rollout": cfg.train.rollout if ours else "trl",
         "shared_prefix": bool(getattr(trainer, "share_prefixes", False)),
+        "attention": getattr(parts.model.config, "_attn_implementation", None),
         # peft=lora: the adapter rank and how many parameters train (the optimizer state scales with them)
         "peft": f"lora r={cfg.peft.r}" if ours and cfg.peft.name == "lora" else "none",
         "trainable_params": sum(p.numel() for p in parts.model.parameters() if p.requires_grad),
@@ -601,6 +602,7 @@ def child_main(spec_path: Path) -> int:
                      f"gen batch {gen_batch}" + (f", cache {settings['cache_implementation']}"
                                                  if settings["cache_implementation"] else "")
                      + (", shared prefix" if settings["shared_prefix"] else "")
+                     + (f", {settings['attention']} attention" if settings["attention"] not in (None, "sdpa") else "")
                      + (f", {settings['peft']}" if settings["peft"] != "none" else "")
                      + (", rollout engine" if settings["rollout"] == "engine" else "") + f", {settings['threads']} thr")
     result = {

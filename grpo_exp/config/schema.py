@@ -219,6 +219,9 @@ class TrainConfig:
     # Score each distinct prompt once per batch instead of once per completion (training/shared_prefix.py):
     # the same log-probs and gradients as TRL's forward, with less work. Off when gradient checkpointing is on.
     shared_prefix: bool = True
+    # The trained policy's attention (core/attention.py): auto is grouped (query heads grouped by the key/value
+    # head they share, fp32 softmax) without CUDA, faster on CPUs than sdpa; sdpa or eager are transformers' own
+    attention: str = "auto"
     # Who samples the completions: trl (TRL's `generate`) or engine (training/rollout.py: a rollout copy of the
     # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance)
     rollout: str = "trl"
@@ -240,6 +243,7 @@ class TrainConfig:
     LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
     REWARD_SCALINGS = ("group", "batch", "none")
     ROLLOUTS = ("trl", "engine")
+    ATTENTIONS = ("auto", "grouped", "sdpa", "eager")
     ROLLOUT_DTYPES = ("auto", "bf16", "fp32")
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")
     IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -260,6 +264,7 @@ class TrainConfig:
         require_choice("train.loss_type", train.loss_type, TrainConfig.LOSS_TYPES)
         require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)
         require_choice("train.rollout", train.rollout, TrainConfig.ROLLOUTS)
+        require_choice("train.attention", train.attention, TrainConfig.ATTENTIONS)
         require_choice("train.rollout_dtype", train.rollout_dtype, TrainConfig.ROLLOUT_DTYPES)
         require_choice("train.rollout_sampler", train.rollout_sampler, TrainConfig.ROLLOUT_SAMPLERS)
         require_choice("train.rollout_is_mode", train.rollout_is_mode, TrainConfig.IS_MODES)

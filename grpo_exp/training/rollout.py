@@ -38,6 +38,7 @@ from types import SimpleNamespace
 import torch
 
 from grpo_exp.base import log
+from grpo_exp.core import attention
 from grpo_exp.training import shared_prefix
 
 logger = log.get_logger(__name__)
@@ -120,44 +121,6 @@ def unsupported_reason(trainer) -> str | None:
     return shared_prefix.unsupported_reason(model) or _static_layers_ok(model.config)
 
 
-ATTENTION = "grpo_rollout"
-
-
-def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Attention for the rollout copy (transformers' attention interface).
-
-    Why not `sdpa`: on a CPU with a mask, transformers first copies every key/value head to each of its query
-    heads (`repeat_kv`), over the whole static cache, for every layer and token. Here the query heads that
-    share a key/value head are grouped instead, and the products are taken as key @ query^T and probs^T @ value
-    so that the large operand, the cache, is read in place (a transposed cache operand makes `bmm` copy it).
-    Softmax in fp32, as transformers' eager attention."""
-    b, h, q, d = query.shape
-    kv = key.shape[1]
-    g = h // kv
-    # query head j*g + i uses key/value head j (repeat_kv's order): group them along the query axis
-    grouped = query.reshape(b, kv, g * q, d)
-    scores = torch.matmul(key, grouped.transpose(2, 3)).view(b, kv, -1, g, q)  # [b, kv, L, g, q]
-    if attention_mask is not None:  # [b, 1, q, L], additive, the same for every head
-        scores = scores + attention_mask.transpose(2, 3)[:, :, :, None, :]
-    probs = torch.softmax(scores * scaling, dim=2, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(probs.view(b, kv, -1, g * q).transpose(2, 3), value)  # [b, kv, g*q, d]
-    return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
-
-
-def _use_grouped_attention(model: torch.nn.Module) -> bool:
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-        AttentionInterface.register(ATTENTION, grouped_attention)
-        AttentionMaskInterface.register(ATTENTION, eager_mask)  # additive 0 / -inf masks, never skipped
-        model.set_attn_implementation(ATTENTION)
-    except Exception as err:  # another transformers release: keep the model's own attention
-        logger.info("rollout engine: the model's own attention is used (%s)", err)
-        return False
-    return True
-
-
 def rollout_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """A frozen copy of `model` with its parameters in `dtype`, built without a transient full-precision copy
     (each parameter is cast straight into the copy; tied parameters stay tied). Buffers stay as they are:
@@ -167,7 +130,7 @@ def rollout_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     shell = copy.deepcopy(model, memo)
     shell.__dict__.pop("forward", None)  # accelerate's autocast wrapper, if the model was prepared already
     shell.eval()
-    _use_grouped_attention(shell)
+    attention.use(shell, "grouped")
     return shell
 
 

@@ -26,12 +26,13 @@ from grpo_exp.base import dist, log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
+from grpo_exp.core import attention
 from grpo_exp.training import checkpoints, rollout, shared_prefix
 
 logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "rollout", "rollout_dtype", "rollout_compile",
+_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "rollout", "rollout_dtype", "rollout_compile",
                     "rollout_sampler", "rollout_is_correction", "rollout_is_mode", "rollout_is_cap"}
 
 
@@ -359,6 +360,9 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
                   report_to: list[str] | None = None, run_state: dict | None = None) -> GrpoExpTrainer:
     """The one place a trainer is made: a stage's parts (training.stage.prepare) and cfg.train."""
     args = grpo_config(cfg.train, Path(output_dir) / "checkpoints", parts.reward_weights, report_to or [])
+    policy = parts.model.get_base_model() if hasattr(parts.model, "get_base_model") else parts.model  # peft
+    logger.info("train.attention=%s: %s", cfg.train.attention,
+                attention.use(policy, cfg.train.attention) or policy.config._attn_implementation)
     return GrpoExpTrainer(
         model=parts.model,
         reward_funcs=parts.reward_funcs,

@@ -11,7 +11,7 @@ import torch
 
 from grpo_exp.config.checks import validate
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.core import models
+from grpo_exp.core import attention, models
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
@@ -75,7 +75,7 @@ def test_fp32_copy_draws_the_tokens_generate_draws(tiny, sampling):
     assert len({len(c) for c in ours}) > 1  # some rows stopped early
     assert [len(lp) for lp in logps] == [len(c) for c in ours]
     assert all(lp <= 0 and math.isfinite(lp) for row in logps for lp in row)
-    assert model.config._attn_implementation != rollout.ATTENTION  # only the copy uses the grouped attention
+    assert model.config._attn_implementation != attention.GROUPED  # only the copy uses the grouped attention
 
 
 def test_sampler_log_probs_are_the_models_tempered_log_probs(tiny):

@@ -1,0 +1,64 @@
+"""grpo_exp.core.attention: the grouped attention computes what transformers' eager attention computes, in
+the forward and the backward, with padding; the trainer puts the chosen attention on the policy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo_exp.base.errors import ConfigError
+from grpo_exp.config.checks import validate
+from grpo_exp.core import attention, models
+from tests.conftest import compose_cfg
+from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
+
+
+def _loss_and_grads(model, ids, mask):
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    # only real positions count: padded rows' outputs are whatever the mask leaves there
+    loss = (logits.log_softmax(-1).amax(-1) * mask).sum()
+    loss.backward()
+    return logits.detach() * mask[..., None], {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_grouped_attention_equals_eager_in_forward_and_backward(tmp_path):
+    cfg = compose_cfg(["debug=smoke"], tmp_path)
+    model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    assert model.config.num_key_value_heads < model.config.num_attention_heads  # the grouping is exercised
+    torch.manual_seed(0)
+    ids = torch.randint(5, model.config.vocab_size, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding, as TRL pads
+    mask[2, :7] = 0
+    model.set_attn_implementation("eager")
+    eager_logits, eager_grads = _loss_and_grads(model, ids, mask)
+    assert attention.use(model, "grouped") == attention.GROUPED
+    assert model.config._attn_implementation == attention.GROUPED
+    grouped_logits, grouped_grads = _loss_and_grads(model, ids, mask)
+    torch.testing.assert_close(grouped_logits, eager_logits, rtol=1e-5, atol=1e-5)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(grouped_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_auto_is_grouped_on_a_cpu_and_bad_choices_are_named():
+    assert attention.resolve("auto") == ("sdpa" if torch.cuda.is_available() else "grouped")
+    assert attention.resolve("eager") == "eager"
+    with pytest.raises(ValueError, match="unknown attention 'flash'; choose one of auto, grouped, sdpa, eager"):
+        attention.resolve("flash")
+
+
+@pytest.mark.parametrize("choice,expected", [("grouped", attention.GROUPED), ("sdpa", "sdpa")])
+def test_the_trainer_gives_the_policy_the_chosen_attention(tmp_path, spread_reward, choice, expected):
+    cfg = compose_cfg(["debug=smoke", "train.max_steps=1", f"train.attention={choice}", *spread_reward], tmp_path)
+    trainer, _, losses, moved = train_briefly(cfg)
+    assert trainer.model.config._attn_implementation == expected
+    assert math.isfinite(losses[0]) and moved
+
+
+def test_bad_attention_fails_with_one_line(tmp_path):
+    cfg = compose_cfg(["debug=smoke", "train.attention=flash"], tmp_path)
+    with pytest.raises(ConfigError, match="train.attention='flash' is not valid"):
+        validate(cfg)
