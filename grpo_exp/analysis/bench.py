@@ -239,7 +239,7 @@ def run(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     base_spec = {"common": common_overrides(args), "threads": args.threads, "steps": args.steps,
                  "warmup": args.warmup, "profile": args.profile, "reward_curve_steps": args.reward_curve_steps,
-                 "prompts_per_step": args.prompts_per_step}
+                 "prompts_per_step": args.prompts_per_step, "fixed_length": args.fixed_length}
     variants = {}
     if not args.no_baseline:
         for baseline in dict.fromkeys(args.baseline or ["fp32"]):
@@ -476,7 +476,7 @@ def compose(overrides: list[str], output_dir: Path):
 
 
 def plain_trl_config(train, output_dir: Path, reward_weights: list[float], max_steps: int,
-                     trl_defaults: bool = False):
+                     trl_defaults: bool = False, generation_kwargs: dict | None = None):
     """GRPOConfig as a plain user writes it: TRL's defaults, fp32 (on the GPU where there is one, else the
     CPU), the GRPO settings of the run. `trl_defaults`: TRL's own precision default too (bf16 on)."""
     import torch
@@ -517,6 +517,7 @@ def plain_trl_config(train, output_dir: Path, reward_weights: list[float], max_s
         save_strategy="no",
         report_to=[],
         dataloader_num_workers=0,
+        generation_kwargs=generation_kwargs or None,
     )
 
 
@@ -547,6 +548,13 @@ def child_main(spec_path: Path) -> int:
     cfg.train.max_steps = total
     cfg.train.save_steps = total + 1  # no checkpoint inside the measurement
     cfg.stage.num_train = max(64, 2 * total * spec["prompts_per_step"])
+    # --fixed-length: no EOS before the token limit (generate's min_new_tokens; the engine honours it too), so
+    # every variant generates and trains on the same number of tokens and tokens/s compares speed alone
+    from omegaconf import OmegaConf
+
+    generation_kwargs = {"min_new_tokens": cfg.train.max_completion_length} if spec.get("fixed_length") else {}
+    if ours and generation_kwargs:
+        cfg.train.extra = {**OmegaConf.to_container(cfg.train.extra), "generation_kwargs": generation_kwargs}
     validate(cfg)
     models.check_available(cfg.model, cfg.paths.cache_dir)
 
@@ -570,7 +578,8 @@ def child_main(spec_path: Path) -> int:
         trainer = GRPOTrainer(model=parts.model, reward_funcs=parts.reward_funcs, train_dataset=parts.train_dataset,
                               processing_class=parts.tokenizer, callbacks=[recorder.callback],
                               args=plain_trl_config(cfg.train, out / "checkpoints", parts.reward_weights, total,
-                                                    trl_defaults=spec.get("trl_defaults", False)))
+                                                    trl_defaults=spec.get("trl_defaults", False),
+                                                    generation_kwargs=generation_kwargs))
     if spec["profile"]:
         recorder.instrument(trainer)
     a = trainer.args
@@ -584,6 +593,7 @@ def child_main(spec_path: Path) -> int:
         "max_completion_length": a.max_completion_length,
         "gradient_accumulation_steps": a.gradient_accumulation_steps,
         "rollout": cfg.train.rollout if ours else "trl",
+        "fixed_length": bool(generation_kwargs),
         "shared_prefix": bool(getattr(trainer, "share_prefixes", False)),
         "attention": getattr(parts.model.config, "_attn_implementation", None),
         # peft=lora: the adapter rank and how many parameters train (the optimizer state scales with them)
@@ -604,7 +614,8 @@ def child_main(spec_path: Path) -> int:
                      + (", shared prefix" if settings["shared_prefix"] else "")
                      + (f", {settings['attention']} attention" if settings["attention"] not in (None, "sdpa") else "")
                      + (f", {settings['peft']}" if settings["peft"] != "none" else "")
-                     + (", rollout engine" if settings["rollout"] == "engine" else "") + f", {settings['threads']} thr")
+                     + (", rollout engine" if settings["rollout"] == "engine" else "")
+                     + (", fixed length" if settings["fixed_length"] else "") + f", {settings['threads']} thr")
     result = {
         "name": spec["name"], "kind": spec["kind"], "overrides": spec["overrides"], "settings": settings,
         "settings_text": settings_text, "prompts_per_step": spec["prompts_per_step"], "model": cfg.model.name,

@@ -35,6 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true", help="skip the plain TRL baseline(s)")
     p.add_argument("--profile", action="store_true",
                    help="time generation, old logprobs, rewards, forward, backward, optimizer inside each step")
+    p.add_argument("--fixed-length", action="store_true",
+                   help="every completion runs to --max-completion-length (no EOS before it, in every variant): "
+                        "the same tokens per step everywhere, so tokens/s compares speed alone")
     p.add_argument("--reward-curve-steps", type=int, default=0,
                    help="run every variant for this many steps and plot reward per step (e.g. 30)")
     p.add_argument("--out", default=None, help="output directory (default outputs/bench/<timestamp>)")

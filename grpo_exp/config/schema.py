@@ -219,9 +219,9 @@ class TrainConfig:
     # Score each distinct prompt once per batch instead of once per completion (training/shared_prefix.py):
     # the same log-probs and gradients as TRL's forward, with less work. Off when gradient checkpointing is on.
     shared_prefix: bool = True
-    # The trained policy's attention (core/attention.py): auto is grouped (query heads grouped by the key/value
-    # head they share, fp32 softmax) without CUDA, faster on CPUs than sdpa; sdpa or eager are transformers' own
-    attention: str = "auto"
+    # The trained policy's attention: sdpa or eager (transformers' own), or grouped (core/attention.py: query
+    # heads grouped by the key/value head they share; a shorter step on CPUs, not the default: see there)
+    attention: str = "sdpa"
     # Who samples the completions: trl (TRL's `generate`) or engine (training/rollout.py: a rollout copy of the
     # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance)
     rollout: str = "trl"
@@ -243,7 +243,7 @@ class TrainConfig:
     LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
     REWARD_SCALINGS = ("group", "batch", "none")
     ROLLOUTS = ("trl", "engine")
-    ATTENTIONS = ("auto", "grouped", "sdpa", "eager")
+    ATTENTIONS = ("sdpa", "grouped", "eager")
     ROLLOUT_DTYPES = ("auto", "bf16", "fp32")
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")
     IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")

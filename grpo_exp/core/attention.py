@@ -6,6 +6,10 @@ query heads that share a key/value head instead, with two matmuls and an fp32 so
 attention), trained the default model's 8 x 120-token scoring pass (forward and backward, bf16 autocast, 2
 threads) in 1.43 s against 1.78 s for sdpa and 1.47 s for eager, and 3.88 s against 4.26 / 4.36 s at 256
 tokens (README, Performance). The same function serves the rollout engine's static-cache decoding.
+
+It is not the default for training (train.attention=sdpa): the default run with it scored 0.250 where sdpa
+scored 0.485, with greedy generation token-for-token the same and the same log-prob error under bf16 autocast,
+so the run's result is that sensitive to rounding, and the default keeps the path it was measured on.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from grpo_exp.base import log
 logger = log.get_logger(__name__)
 
 GROUPED = "grpo_grouped"
-# train.attention's choices; auto: grouped where no CUDA device is, the model's own (sdpa) on GPUs
-CHOICES = ("auto", "grouped", "sdpa", "eager")
+# train.attention's choices: sdpa and eager are transformers' own
+CHOICES = ("sdpa", "grouped", "eager")
 
 
 def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -40,19 +44,12 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
 
 
-def resolve(choice: str) -> str:
-    """The attention `choice` stands for on this machine (auto: grouped without CUDA, sdpa with it)."""
-    if choice not in CHOICES:
-        raise ValueError(f"unknown attention {choice!r}; choose one of {', '.join(CHOICES)}")
-    if choice == "auto":
-        return "sdpa" if torch.cuda.is_available() else "grouped"
-    return choice
-
-
 def use(model: torch.nn.Module, choice: str) -> str | None:
     """Set `model`'s attention to `choice` (see CHOICES); returns the implementation now in use, or None where
     this transformers release cannot take it (the model keeps its own, logged)."""
-    name = resolve(choice)
+    if choice not in CHOICES:
+        raise ValueError(f"unknown attention {choice!r}; choose one of {', '.join(CHOICES)}")
+    name = choice
     try:
         if name == "grouped":
             from transformers import AttentionInterface

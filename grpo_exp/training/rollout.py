@@ -113,8 +113,8 @@ def unsupported_reason(trainer) -> str | None:
         return f"repetition_penalty={trainer.repetition_penalty}"
     if trainer.min_p is not None:
         return f"min_p={trainer.min_p}"
-    if args.generation_kwargs:
-        return f"generation_kwargs {sorted(args.generation_kwargs)}"
+    if set(args.generation_kwargs or {}) - {"min_new_tokens"}:  # the one generate setting the engine honours
+        return f"generation_kwargs {sorted(set(args.generation_kwargs) - {'min_new_tokens'})}"
     if getattr(model.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
     # the engine applies the LM head itself, as train.shared_prefix does: the same models qualify
@@ -139,7 +139,7 @@ class RolloutEngine:
 
     def __init__(self, policy: torch.nn.Module, *, dtype: torch.dtype, compile: bool | str = "auto",
                  max_new_tokens: int, temperature: float = 1.0, top_k: int | None = 0, top_p: float = 1.0,
-                 eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf"):
+                 eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf", min_new_tokens: int = 0):
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
         self.sampler = sampler
@@ -147,6 +147,8 @@ class RolloutEngine:
         self.model = rollout_copy(policy, dtype)
         self.device = next(self.model.parameters()).device
         self.max_new_tokens = int(max_new_tokens)
+        # generate's min_new_tokens: no EOS can be drawn before this many tokens (its MinNewTokens processor)
+        self.min_new_tokens = int(min_new_tokens or 0)
         self.temperature = float(temperature)
         self.top_k = int(top_k or 0)
         self.top_p = float(top_p if top_p is not None else 1.0)
@@ -306,6 +308,8 @@ class RolloutEngine:
         unfinished = torch.ones(rows, dtype=torch.bool, device=self.device)
         steps = 0
         for t in range(self.max_new_tokens):
+            if t < self.min_new_tokens:
+                logits = logits.index_fill(1, self.eos, -float("inf"))
             token, logp = self._sample(logits, generator)
             token = torch.where(unfinished, token, self.pad)  # finished rows continue with padding, as generate's
             tokens[:, t], logps[:, t] = token, logp
@@ -419,7 +423,8 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
         trainer.model, dtype=resolve_dtype(train_cfg.rollout_dtype), compile=train_cfg.rollout_compile,
         max_new_tokens=trainer.max_completion_length, temperature=trainer.temperature, top_k=trainer.top_k,
         top_p=trainer.top_p, eos_token_ids=list(trainer.eos_token_ids),
-        pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler)
+        pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler,
+        min_new_tokens=(trainer.args.generation_kwargs or {}).get("min_new_tokens", 0))
     trainer.rollout_func = engine.rollout
     if trainer.args.vllm_importance_sampling_correction:
         enable_is_correction(trainer)

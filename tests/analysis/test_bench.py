@@ -46,12 +46,12 @@ def test_step_floor_by_hand():
     assert slow_bf16["dtype"] == "fp32" and slow_bf16["floor_s"] > floor["floor_s"]
 
 
-def test_bench_runs_trl_defaults_and_the_engine(tmp_path):
+def test_bench_runs_trl_defaults_and_the_engine_at_a_fixed_length(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_exp.apps.bench", "--steps", "1", "--warmup", "0", "--model", "tiny_random",
          "--max-completion-length", "8", "--prompts-per-step", "1", "--num-generations", "2", "--threads", "1",
-         "--baseline", "fp32", "--baseline", "trl-defaults", "--out", str(out),
+         "--baseline", "fp32", "--baseline", "trl-defaults", "--out", str(out), "--fixed-length",
          "--candidate", "engine=train.rollout=engine,train.rollout_compile=false"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -63,6 +63,11 @@ def test_bench_runs_trl_defaults_and_the_engine(tmp_path):
     # TRL's own default precision: bf16 on (GRPOConfig's default)
     assert variants["trl-defaults"]["settings"]["bf16"] is True
     assert variants["engine"]["settings"]["rollout"] == "engine"
+    # --fixed-length: every completion of every variant ran to the 8-token limit (one round: 1 prompt x 2
+    # completions x 2 steps per generation), through TRL's generate and through the engine alike
+    for name, variant in variants.items():
+        assert variant["settings"]["fixed_length"] is True, name
+        assert variant["completion_tokens"] == 4 * 8, name
     assert set(report["ratios_vs"]) == {"baseline", "trl-defaults"}
     assert report["ratio_vs_baseline"] == report["ratios_vs"]["baseline"]
     assert report["machine_limits"]["gemm_gflops"]["bf16"] > 0

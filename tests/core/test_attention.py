@@ -43,11 +43,29 @@ def test_grouped_attention_equals_eager_in_forward_and_backward(tmp_path):
         torch.testing.assert_close(grouped_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_auto_is_grouped_on_a_cpu_and_bad_choices_are_named():
-    assert attention.resolve("auto") == ("sdpa" if torch.cuda.is_available() else "grouped")
-    assert attention.resolve("eager") == "eager"
-    with pytest.raises(ValueError, match="unknown attention 'flash'; choose one of auto, grouped, sdpa, eager"):
-        attention.resolve("flash")
+def test_greedy_generation_is_the_same_with_grouped_attention(tmp_path):
+    """generate's path (a growing cache, left padding, one query per step) picks the same tokens."""
+    cfg = compose_cfg(["debug=smoke"], tmp_path)
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    torch.manual_seed(1)
+    ids = torch.randint(5, model.config.vocab_size, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :6] = 0
+    runs = {}
+    for choice in ("eager", "grouped"):
+        attention.use(model, choice)
+        with torch.no_grad():
+            runs[choice] = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                                          pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
+    assert torch.equal(runs["grouped"], runs["eager"])
+
+
+def test_bad_choices_are_named(tmp_path):
+    cfg = compose_cfg(["debug=smoke"], tmp_path)
+    model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    with pytest.raises(ValueError, match="unknown attention 'flash'; choose one of sdpa, grouped, eager"):
+        attention.use(model, "flash")
 
 
 @pytest.mark.parametrize("choice,expected", [("grouped", attention.GROUPED), ("sdpa", "sdpa")])

@@ -60,7 +60,9 @@ def hf_generate(model, tokenizer, rows, eos, max_new_tokens=12, **sampling):
 
 
 @pytest.mark.parametrize("sampling", [dict(temperature=0.8, top_k=0, top_p=1.0),
-                                      dict(temperature=1.0, top_k=50, top_p=0.9)], ids=["temperature", "top_k_p"])
+                                      dict(temperature=1.0, top_k=50, top_p=0.9),
+                                      dict(temperature=0.8, top_k=0, top_p=1.0, min_new_tokens=5)],
+                         ids=["temperature", "top_k_p", "min_new_tokens"])
 def test_fp32_copy_draws_the_tokens_generate_draws(tiny, sampling):
     model, tokenizer, prompts = tiny
     rows = [p for p in prompts for _ in range(4)]  # GRPO groups: each prompt 4 times
@@ -75,6 +77,7 @@ def test_fp32_copy_draws_the_tokens_generate_draws(tiny, sampling):
     assert len({len(c) for c in ours}) > 1  # some rows stopped early
     assert [len(lp) for lp in logps] == [len(c) for c in ours]
     assert all(lp <= 0 and math.isfinite(lp) for row in logps for lp in row)
+    assert all(len(c) >= sampling.get("min_new_tokens", 1) for c in ours)
     assert model.config._attn_implementation != attention.GROUPED  # only the copy uses the grouped attention
 
 

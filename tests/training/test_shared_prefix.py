@@ -6,7 +6,7 @@ import pytest
 import torch
 from trl.trainer.utils import add_fused_lm_head
 
-from grpo_exp.core import models
+from grpo_exp.core import attention, models
 from grpo_exp.training import shared_prefix
 from tests.conftest import compose_cfg
 
@@ -48,8 +48,10 @@ def score(model, fn):
     return logps.detach(), entropy.detach(), grads
 
 
-def test_matches_trls_forward_values_and_gradients(tiny):
+@pytest.mark.parametrize("attn", ["sdpa", "grouped"])
+def test_matches_trls_forward_values_and_gradients(tiny, attn):
     model, tokenizer = tiny
+    assert attention.use(model, attn)  # train.attention: the policy scores with either
     # prompts of different lengths, so the left padding differs between groups
     ids, mask = grpo_batch(tokenizer, ["What is 7 + 5?", "Tom has 12 apples and eats 3 of them. How many are left?"],
                            repeats=3, completion_len=10)
