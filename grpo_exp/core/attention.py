@@ -49,15 +49,14 @@ def use(model: torch.nn.Module, choice: str) -> str | None:
     this transformers release cannot take it (the model keeps its own, logged)."""
     if choice not in CHOICES:
         raise ValueError(f"unknown attention {choice!r}; choose one of {', '.join(CHOICES)}")
-    name = choice
+    name = GROUPED if choice == "grouped" else choice
     try:
-        if name == "grouped":
+        if name == GROUPED:
             from transformers import AttentionInterface
             from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
             AttentionInterface.register(GROUPED, grouped_attention)
             AttentionMaskInterface.register(GROUPED, eager_mask)  # additive 0 / -inf masks, never skipped
-            name = GROUPED
         model.set_attn_implementation(name)
     except Exception as err:  # another transformers release or model class: keep the model's own attention
         logger.info("attention %s not set (%s: %s); the model's own is used", choice, type(err).__name__, err)
