@@ -210,11 +210,7 @@ def stated_correctness(completions: list, answer: list[str], **kwargs: Any) -> l
     (README, "Curriculum calibration"); and a right number buried in text after the answer line does not count.
     """
     answers = _checked_answers(completions, answer, "stated_correctness")
-    stated = answer_format(completions)
-    return [
-        1.0 if ok and answers_match(extract_answer(text), truth) else 0.0
-        for ok, text, truth in zip(stated, _texts(completions), answers)
-    ]
+    return [right * stated for right, stated in zip(correctness(completions, answers), answer_format(completions))]
 
 
 def cookbook_format_exact(

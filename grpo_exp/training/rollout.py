@@ -113,8 +113,9 @@ def unsupported_reason(trainer) -> str | None:
         return f"repetition_penalty={trainer.repetition_penalty}"
     if trainer.min_p is not None:
         return f"min_p={trainer.min_p}"
-    if set(args.generation_kwargs or {}) - {"min_new_tokens"}:  # the one generate setting the engine honours
-        return f"generation_kwargs {sorted(set(args.generation_kwargs) - {'min_new_tokens'})}"
+    unhonoured = set(args.generation_kwargs or {}) - {"min_new_tokens"}  # the one generate setting it honours
+    if unhonoured:
+        return f"generation_kwargs {sorted(unhonoured)}"
     if getattr(model.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
     # the engine applies the LM head itself, as train.shared_prefix does: the same models qualify
