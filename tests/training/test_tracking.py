@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,17 +44,18 @@ def test_monitor_reports_plausible_rss():
     sampler = ResourceSampler()
     before = sampler.rss_mb()
     size_mb = 128
-    # numpy, not torch: torch's CPU allocator may hand back pages an earlier test freed (already resident),
-    # which made this order-dependent; a fresh 128 MB mmap with every page written must show in RSS
-    import numpy as np
-
-    block = np.ones(size_mb * 2**20 // 8)
+    # An anonymous mmap of our own, every page written: its pages cannot be ones that an allocator kept resident
+    # after an earlier test freed them. Both torch's allocator and numpy's malloc were seen doing that in
+    # full-suite runs, which left RSS unchanged (order-dependent failures).
+    block = mmap.mmap(-1, size_mb * 2**20)
+    for _ in range(size_mb):
+        block.write(b"\x01" * 2**20)
     sampler.sample()
     after = sampler.rss_mb()
     assert 50 < after < 16_000
     assert after - before >= 0.8 * size_mb
     assert sampler.max_rss_mb >= after - 1 and peak_rss_mb() >= after - 1
-    del block
+    block.close()
 
 
 def test_monitor_row_carries_cumulative_step_and_resources(tmp_path):
