@@ -80,7 +80,7 @@ class StageConfig:
     # held-out share: of the expression space (generated levels) or of a single GSM8K file
     test_fraction: float = 0.2
 
-    DATASETS = ("basic", "two_step", "intermediate", "advanced", "gsm8k")
+    DATASETS = ("basic", "intermediate", "two_step", "multi_step", "advanced", "gsm8k")
 
     @staticmethod
     def check(stage: Any) -> None:
@@ -370,7 +370,7 @@ class EvalConfig:
     # after training: evaluate the trained model and the model it started from on the same held-out
     # problems, and print a before/after table with a paired McNemar test
     after_train: bool = True
-    # names from conf/stage (basic, two_step, intermediate, advanced, gsm8k); empty: the current stage
+    # names from conf/stage (basic, intermediate, two_step, multi_step, advanced, gsm8k); empty: the current stage
     sets: List[str] = field(default_factory=list)
     limit: int = 200  # problems per set: a fixed seeded subset of the held-out split
     batch_size: int = 32

@@ -69,7 +69,7 @@ def test_semantic_errors_are_one_line(tmp_path, overrides, needle):
 # Through the real entrypoint: exit code 2, one line on stderr naming the value, no run directory.
 BAD_CLI = [
     (["model=nope"], "unknown model option 'nope'; valid choices: custom, gemma3_270m"),
-    (["stage=expert"], "valid choices: advanced, basic, gsm8k, intermediate, two_step"),
+    (["stage=expert"], "valid choices: advanced, basic, gsm8k, intermediate, multi_step, two_step"),
     (["train.max_steps=abc"], "train.max_steps"),
     (["train.max_stepz=3"], "unknown config key 'train.max_stepz'; valid keys under train:"),
     # the group named first (as the web app's Launch tab does) must not take the blame

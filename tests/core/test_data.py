@@ -84,12 +84,30 @@ def test_basic_answers_are_non_negative():
     assert all(int(p["answer"]) >= 0 for p in generate("basic", 500, seed=0))
 
 
-@pytest.mark.parametrize("level, minimum", [("basic", 12), ("intermediate", 6), ("advanced", 6)])
+@pytest.mark.parametrize("level, minimum", [("basic", 12), ("intermediate", 6), ("multi_step", 6), ("advanced", 6)])
 def test_several_phrasings(level, minimum):
     openings = {" ".join(p["question"].split()[:3]) for p in generate(level, 400, seed=2)}
     # Names vary in word problems, so drop them to count templates rather than people.
     openings = {re.sub(r"^[A-Z][a-z]+ ", "", o) for o in openings}
     assert len(openings) >= minimum, openings
+
+
+def test_intermediate_is_one_operation_in_words():
+    problems = generate("intermediate", 400, seed=3)
+    assert all(len(re.findall(r" (?:[-+*]|//) ", p["expression"])) == 1 for p in problems)
+    assert all(re.search(r"[a-z]{3,} [a-z]{3,} [a-z]{3,}", p["question"]) for p in problems)  # words, not "What is 7 + 5?"
+    assert {re.search(r"[-+*]|//", p["expression"]).group() for p in problems} == {"+", "-", "*", "//"}
+
+
+def test_multi_step_keeps_the_problems_it_had_as_intermediate():
+    # The README's EWC figures were measured on this stage under the name intermediate (seed 42);
+    # these are the first problems of that split, as generated before the rename.
+    train, test = generate_splits("multi_step", 30, 10, seed=42)
+    assert train[0]["question"] == ("A shelf holds 10 books. Liam takes away 4 books, puts back 1 books "
+                                    "and then takes away 1 more. How many books are on the shelf now?")
+    assert test[0]["question"] == ("Diego buys 3 of the same mug at 7 dollars each and pays with 50 dollars. "
+                                   "How much change, in dollars, does Diego get back?")
+    assert {p["level"] for p in train + test} == {"multi_step"}
 
 
 def test_basic_has_three_phrasings_per_operation():
@@ -178,7 +196,7 @@ def test_impossible_request_raises(monkeypatch):
 
 
 def test_unknown_level():
-    with pytest.raises(ValueError, match=r"'expert'.*basic, two_step, intermediate, advanced"):
+    with pytest.raises(ValueError, match=r"'expert'.*basic, intermediate, two_step, multi_step, advanced"):
         generate("expert", 3, seed=0)
 
 
@@ -314,7 +332,7 @@ def test_build_examples_rejects_bad_names():
         build_examples("mathqa", "train", num_train=1, num_test=1, seed=0)
     with pytest.raises(ValueError, match="'validation'"):
         build_examples("basic", "validation", num_train=1, num_test=1, seed=0)
-    assert DATASETS == ("basic", "two_step", "intermediate", "advanced", "gsm8k")
+    assert DATASETS == ("basic", "intermediate", "two_step", "multi_step", "advanced", "gsm8k")
 
 
 def test_to_messages():

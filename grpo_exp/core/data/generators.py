@@ -1,4 +1,4 @@
-"""Curriculum math problems (basic -> two_step -> intermediate -> advanced) with exact integer answers.
+"""Curriculum math problems (basic -> intermediate -> two_step -> multi_step -> advanced) with exact integer answers.
 
 Every template samples its numbers, computes the answer with Python integer arithmetic and
 also returns an arithmetic ``expression`` over the same numbers, so the ground truth can be
@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-LEVELS = ("basic", "two_step", "intermediate", "advanced")
+LEVELS = ("basic", "intermediate", "two_step", "multi_step", "advanced")
 
 # (question, expression, answer)
 Problem = tuple[str, str, int]
@@ -76,9 +76,9 @@ def _div(rng: random.Random) -> Problem:
 
 
 # --- two_step: two operations on one-digit numbers -----------------------------------------
-# The bridge between basic and intermediate: the basic-trained 135M model solved intermediate's
-# word problems at pass@8 0.12-0.18, too rarely for GRPO's groups to hold a right answer. Here the
-# steps are intermediate's (combine two results) and the numbers basic's easiest (one digit).
+# A bridge towards multi_step: the basic-trained 135M model solved multi_step's problems at pass@8
+# 0.12-0.18, too rarely for GRPO's groups to hold a right answer. Here the steps are multi_step's
+# (combine two results) and the numbers basic's easiest (one digit).
 
 _TWO_STEP_EXPR = ("What is {e}?", "Calculate {e}.", "Evaluate {e}.", "Compute {e}.")
 
@@ -109,10 +109,78 @@ def _groups_plus(rng: random.Random) -> Problem:
     return q, f"{a} * {b} + {c}", a * b + c
 
 
-# --- intermediate: two or three operations ------------------------------------------------
-# Numbers stay small (mostly under 30): with two-digit operands throughout, the basic-trained
-# 135M model solved under 1 in 7 of these even at pass@8, so GRPO's groups were all wrong and the
-# stage taught nothing (README, "Curriculum calibration").
+# --- intermediate: one operation told as a word problem ---------------------------------------
+# The step from basic is reading: the model must find the numbers in a story and pick the operation.
+# Earlier versions needed two or three operations; the basic-trained 135M model solved those at
+# pass@8 0.09-0.14, so GRPO's groups were nearly all wrong and the stage taught nothing (README,
+# "Curriculum calibration"). Two operations are the separate `two_step` stage.
+
+def _story_add(rng: random.Random) -> Problem:
+    name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
+    a, b = rng.randint(5, 60), rng.randint(2, 40)
+    q = f"{name} has {a} {obj} and gets {b} more. How many {obj} does {name} have now?"
+    return q, f"{a} + {b}", a + b
+
+
+def _story_together(rng: random.Random) -> Problem:
+    x, y = rng.sample(NAMES, 2)
+    obj = rng.choice(OBJECTS)
+    a, b = rng.randint(5, 60), rng.randint(5, 40)
+    q = f"{x} has {a} {obj} and {y} has {b} {obj}. How many {obj} do they have together?"
+    return q, f"{a} + {b}", a + b
+
+
+def _story_left(rng: random.Random) -> Problem:
+    name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
+    a = rng.randint(10, 60)
+    b = rng.randint(2, a - 1)
+    q = f"{name} has {a} {obj} and gives away {b}. How many {obj} does {name} have left?"
+    return q, f"{a} - {b}", a - b
+
+
+def _story_more_than(rng: random.Random) -> Problem:
+    x, y = rng.sample(NAMES, 2)
+    obj = rng.choice(OBJECTS)
+    a = rng.randint(12, 60)
+    b = rng.randint(2, a - 1)
+    q = f"{x} has {a} {obj} and {y} has {b} {obj}. How many more {obj} does {x} have than {y}?"
+    return q, f"{a} - {b}", a - b
+
+
+def _story_bags(rng: random.Random) -> Problem:
+    name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    q = f"{name} has {a} bags with {b} {obj} in each bag. How many {obj} does {name} have?"
+    return q, f"{a} * {b}", a * b
+
+
+def _story_price(rng: random.Random) -> Problem:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    count, price = rng.randint(2, 9), rng.randint(2, 9)
+    q = f"One {item} costs {price} dollars. How many dollars does {name} pay for {count} of them?"
+    return q, f"{count} * {price}", count * price
+
+
+def _story_share(rng: random.Random) -> Problem:
+    name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
+    friends, each = rng.randint(2, 9), rng.randint(2, 10)
+    q = (f"{name} shares {friends * each} {obj} equally among {friends} friends. "
+         f"How many {obj} does each friend get?")
+    return q, f"{friends * each} // {friends}", each
+
+
+def _story_rows(rng: random.Random) -> Problem:
+    name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
+    per_row, rows = rng.randint(2, 9), rng.randint(2, 10)
+    q = f"{name} puts {per_row * rows} {obj} in rows of {per_row}. How many rows does {name} make?"
+    return q, f"{per_row * rows} // {per_row}", rows
+
+
+# --- multi_step: two or three operations in words and expressions ---------------------------
+# This was the intermediate stage until its problems proved out of reach of the basic-trained
+# 135M model (pass@8 0.12-0.14, README "Curriculum calibration"); it keeps intermediate's random
+# streams (`_STREAM_NAMES`), so the figures measured on it then (experiment=ewc_forgetting) reproduce.
+# Numbers stay small (mostly under 30): with two-digit operands throughout the model did no better.
 
 def _buy_and_give(rng: random.Random) -> Problem:
     name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
@@ -291,12 +359,18 @@ def _farmer(rng: random.Random) -> Problem:
 _TEMPLATES: dict[str, tuple[Template, ...]] = {
     "basic": (_add, _sub, _mul, _div),
     "two_step": (_expr_two, _expr_two, _more_then_less, _groups_plus),
-    "intermediate": (_buy_and_give, _boxes_plus_loose, _share_then_more, _shelf, _change,
-                     _expr_mixed, _expr_paren, _ages),
+    "intermediate": (_story_add, _story_together, _story_left, _story_more_than,
+                     _story_bags, _story_price, _story_share, _story_rows),
+    "multi_step": (_buy_and_give, _boxes_plus_loose, _share_then_more, _shelf, _change,
+                   _expr_mixed, _expr_paren, _ages),
     "advanced": (_bakery, _wages, _teams, _garden, _train_trip, _shopping, _savings,
                  _recipe, _farmer),
 }
 
+
+# Levels that draw from another name's random streams: multi_step was called intermediate when the
+# README's EWC figures were measured on it, and keeping its streams keeps their problems identical.
+_STREAM_NAMES = {"multi_step": "intermediate"}
 
 _MAX_CONSECUTIVE_DUPLICATES = 10_000
 # Share of each level's expression space that is held out for testing (see `is_test_key`).
@@ -384,6 +458,10 @@ def _sample(level: str, n: int, rng: random.Random, accept: Callable[[str], bool
     return problems
 
 
+def _stream_name(level: str) -> str:
+    return _STREAM_NAMES.get(level, level)
+
+
 def generate(level: str, n: int, seed: int) -> list[dict]:
     """``n`` distinct problems of ``level``; the same (level, n, seed) gives the same list."""
     return _sample(level, n, random.Random(seed), lambda key: True)
@@ -401,8 +479,8 @@ def generate_splits(level: str, num_train: int, num_test: int, seed: int,
     # Both splits are drawn the same way, so the test split keeps the stage's mix of templates.
     # Requiring distinct computations in the test split too skewed it: once the few held-out
     # one-digit products were used up, only sums and differences could fill it (3% products).
-    test = _sample(level, num_test, random.Random(f"grpo-exp/{level}/test/{seed}"),
+    test = _sample(level, num_test, random.Random(f"grpo-exp/{_stream_name(level)}/test/{seed}"),
                    lambda key: is_test_key(key, seed, test_fraction))
-    train = _sample(level, num_train, random.Random(f"grpo-exp/{level}/train/{seed}"),
+    train = _sample(level, num_train, random.Random(f"grpo-exp/{_stream_name(level)}/train/{seed}"),
                     lambda key: not is_test_key(key, seed, test_fraction))
     return train, test
