@@ -84,3 +84,18 @@ BAD_CLI = [
 @pytest.mark.parametrize("args,needle", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
 def test_bad_overrides_fail_fast_with_one_line(tmp_path, args, needle):
     assert_fails_fast_with_one_line(tmp_path / "run", args, needle)
+
+
+def test_config_choices_match_the_code_that_implements_them():
+    # The config layer validates choices before any model loads, so it keeps its own copies of the
+    # lists that the lower and higher layers implement; a choice added on one side only would either be
+    # refused by the config or pass it and fail after the model loaded.
+    from grpo_exp.config.schema import StageConfig, TrainConfig
+    from grpo_exp.core import attention
+    from grpo_exp.core.data.generators import LEVELS
+    from grpo_exp.training import rollout
+
+    assert TrainConfig.ATTENTIONS == attention.CHOICES
+    assert TrainConfig.ROLLOUT_SAMPLERS == rollout.SAMPLERS
+    assert TrainConfig.IS_MODES == rollout.IS_MODES
+    assert StageConfig.DATASETS == (*LEVELS, "gsm8k")
