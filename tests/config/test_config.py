@@ -99,3 +99,15 @@ def test_config_choices_match_the_code_that_implements_them():
     assert TrainConfig.ROLLOUT_SAMPLERS == rollout.SAMPLERS
     assert TrainConfig.IS_MODES == rollout.IS_MODES
     assert StageConfig.DATASETS == (*LEVELS, "gsm8k")
+
+
+def test_intermediate_from_basic_experiment_composes_the_runs_the_readme_reports(tmp_path):
+    # README "Curriculum calibration": `stage=intermediate 'eval.sets=[intermediate,basic]' ewc.lambda=1000
+    # ewc.fisher_samples=64` from a basic run; the experiment's lambda-1000 job must be that run.
+    experiment = OmegaConf.load(CONF_DIR / "experiment" / "intermediate_from_basic.yaml")
+    assert experiment.hydra.sweeper.params["ewc.lambda"] == "0,1000"
+    job = compose_cfg(["experiment=intermediate_from_basic", "ewc.lambda=1000"], tmp_path)
+    by_hand = compose_cfg(["stage=intermediate", "eval.sets=[intermediate,basic]", "ewc.lambda=1000",
+                           "ewc.fisher_samples=64"], tmp_path)
+    for group in ("stage", "train", "eval", "ewc", "reward"):
+        assert job[group] == by_hand[group], group
