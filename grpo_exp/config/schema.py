@@ -24,6 +24,7 @@ from grpo_exp.base import dist
 from grpo_exp.base.cpu import PRECISIONS, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.log import LEVELS
+from grpo_exp.core import data
 
 
 def require(ok: bool, message: str) -> None:
@@ -80,7 +81,7 @@ class StageConfig:
     # held-out share: of the expression space (generated levels) or of a single GSM8K file
     test_fraction: float = 0.2
 
-    DATASETS = ("basic", "intermediate", "two_step", "multi_step", "advanced", "gsm8k")
+    DATASETS = data.DATASETS  # the generated levels and gsm8k
 
     @staticmethod
     def check(stage: Any) -> None:

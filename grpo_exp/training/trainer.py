@@ -360,7 +360,7 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
                   report_to: list[str] | None = None, run_state: dict | None = None) -> GrpoExpTrainer:
     """The one place a trainer is made: a stage's parts (training.stage.prepare) and cfg.train."""
     args = grpo_config(cfg.train, Path(output_dir) / "checkpoints", parts.reward_weights, report_to or [])
-    policy = parts.model.get_base_model() if hasattr(parts.model, "get_base_model") else parts.model  # peft
+    policy = shared_prefix.scoring_model(parts.model)  # a peft wrapper's inner model, whose attention runs
     logger.info("train.attention=%s: %s", cfg.train.attention,
                 attention.use(policy, cfg.train.attention) or policy.config._attn_implementation)
     return GrpoExpTrainer(

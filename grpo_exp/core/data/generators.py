@@ -458,10 +458,6 @@ def _sample(level: str, n: int, rng: random.Random, accept: Callable[[str], bool
     return problems
 
 
-def _stream_name(level: str) -> str:
-    return _STREAM_NAMES.get(level, level)
-
-
 def generate(level: str, n: int, seed: int) -> list[dict]:
     """``n`` distinct problems of ``level``; the same (level, n, seed) gives the same list."""
     return _sample(level, n, random.Random(seed), lambda key: True)
@@ -479,8 +475,9 @@ def generate_splits(level: str, num_train: int, num_test: int, seed: int,
     # Both splits are drawn the same way, so the test split keeps the stage's mix of templates.
     # Requiring distinct computations in the test split too skewed it: once the few held-out
     # one-digit products were used up, only sums and differences could fill it (3% products).
-    test = _sample(level, num_test, random.Random(f"grpo-exp/{_stream_name(level)}/test/{seed}"),
+    stream = _STREAM_NAMES.get(level, level)
+    test = _sample(level, num_test, random.Random(f"grpo-exp/{stream}/test/{seed}"),
                    lambda key: is_test_key(key, seed, test_fraction))
-    train = _sample(level, num_train, random.Random(f"grpo-exp/{_stream_name(level)}/train/{seed}"),
+    train = _sample(level, num_train, random.Random(f"grpo-exp/{stream}/train/{seed}"),
                     lambda key: not is_test_key(key, seed, test_fraction))
     return train, test
