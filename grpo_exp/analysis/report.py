@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_exp.analysis import ewc_summary
+from grpo_exp.analysis import ewc_summary, seed_summary
 from grpo_exp.base.io import eval_sets, read_jsonl
 from grpo_exp.base.text import markdown_table
 
@@ -530,12 +530,26 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
             lines += [cur["table"], ""]
         if plot:
             lines += [f"![curriculum]({plot.name})", ""]
+    lines += seed_section(df, keys, out)
     lines += ewc_section(jobs, out)
     made = [p for p in plots if p]
     if made:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in made] + [""]
     (out / "report.md").write_text("\n".join(lines))
     return df, out
+
+
+def seed_section(df: pd.DataFrame, keys: list[str], out: Path) -> list[str]:
+    """report.md's table of each variant over seeds (and seed_summary.csv), for sweeps that scored a
+    variant on two seeds or more; no lines otherwise."""
+    table = seed_summary.per_variant(df, keys)
+    if table is None:
+        return []
+    table.to_csv(out / "seed_summary.csv", index=False)
+    return ["## Each variant over seeds", "",
+            "Held-out accuracy (`eval_<set>_accuracy`) and its difference from the base model on the same problems "
+            "(`eval_<set>_diff`): mean, minimum and maximum over the variant's seeds (each seed draws its own "
+            "held-out problems).", "", to_markdown(table), ""]
 
 
 def ewc_section(jobs: list[dict], out: Path) -> list[str]:

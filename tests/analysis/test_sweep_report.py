@@ -190,3 +190,40 @@ def test_report_has_no_ewc_section_without_earlier_stages(tmp_path):
                   {"metrics.json": {"status": "completed", "steps": 2}})
     write_report([sweep])
     assert "## EWC" not in (sweep / "report.md").read_text() and not (sweep / "ewc_summary.csv").exists()
+
+
+def test_report_scores_each_variant_over_seeds(tmp_path):
+    from grpo_exp.analysis.report import write_report
+
+    sweep = tmp_path / "recipes"
+    scored = {("none", 42): (0.16, 0.485), ("none", 3): (0.16, 0.245), ("beta", 42): (0.16, 0.45),
+              ("beta", 3): (0.16, 0.40)}
+    for i, ((ablation, seed), (before, after)) in enumerate(scored.items()):
+        _fake_job(sweep / str(i), [f"ablation={ablation}", f"train.seed={seed}"], {"train": {"seed": seed}},
+                  {"metrics.json": {"status": "completed", "steps": 90},
+                   "eval.json": {"sets": {"basic": {"accuracy": after, "n": 200}}},
+                   "before_after.json": {"sets": {"basic": {"before": before, "after": after,
+                                                            "accuracy_diff": after - before}}}})
+    _fake_job(sweep / "4", ["ablation=beta", "train.seed=1"], {"train": {"seed": 1}},
+              {"status.json": {"status": "failed", "error": "ConfigError: x"}})
+
+    write_report([sweep])
+    table = pd.read_csv(sweep / "seed_summary.csv").set_index("variant")
+    assert table.index.tolist() == ["ablation=beta", "ablation=none"]  # the higher mean first; the failed job left out
+    assert table["seeds"].tolist() == [2, 2] and table.loc["ablation=none", "seed_list"] == "3 42"
+    assert table.loc["ablation=none", "eval_basic_accuracy_mean"] == pytest.approx(0.365)
+    assert table.loc["ablation=beta", "eval_basic_accuracy_min"] == pytest.approx(0.40)
+    assert table.loc["ablation=none", "eval_basic_diff_max"] == pytest.approx(0.325)
+    assert "## Each variant over seeds" in (sweep / "report.md").read_text()
+
+
+def test_report_has_no_seed_section_for_one_seed(tmp_path):
+    from grpo_exp.analysis.report import write_report
+
+    sweep = tmp_path / "one_seed"
+    for i, ablation in enumerate(("none", "beta")):
+        _fake_job(sweep / str(i), [f"ablation={ablation}"], {"train": {"seed": 42}},
+                  {"metrics.json": {"status": "completed", "steps": 90},
+                   "eval.json": {"sets": {"basic": {"accuracy": 0.4, "n": 200}}}})
+    write_report([sweep])
+    assert not (sweep / "seed_summary.csv").exists() and "over seeds" not in (sweep / "report.md").read_text()
