@@ -86,6 +86,8 @@ def common_overrides(args) -> list[str]:
     ]
     if args.lr is not None:
         out.append(f"train.learning_rate={args.lr}")
+    if args.beta is not None:
+        out.append(f"train.beta={args.beta}")
     return out
 
 

@@ -75,3 +75,12 @@ def test_bench_runs_trl_defaults_and_the_engine_at_a_fixed_length(tmp_path):
         assert report["floor"][name]["floor_s"] > 0 and report["floor"][name]["multiple"] > 1
     md = (out / "bench.md").read_text()
     assert "x floor" in md and "tok/s vs trl-defaults" in md
+
+
+def test_beta_reaches_every_variant_of_the_bench(tmp_path):
+    # the baselines copy their algorithm settings (beta included) from the config composed with these
+    from grpo_exp.analysis.bench import common_overrides, compose
+    from grpo_exp.apps.bench import parse_args
+
+    assert compose(common_overrides(parse_args([])), tmp_path).train.beta == 0.04  # conf/stage/basic.yaml
+    assert compose(common_overrides(parse_args(["--beta", "0"])), tmp_path).train.beta == 0.0
