@@ -23,9 +23,11 @@ from grpo_exp.training.trainer import build_trainer
 from tests.conftest import assert_fails_fast_with_one_line, compose_cfg
 
 # vowel_fraction has spread on random-token text, so advantages and updates are non-zero; lr 1e-3 makes a
-# two-step update visible
+# two-step update visible; no KL reference (basic's default beta 0.04 adds TRL's frozen "ref" adapter, which
+# test_a_kl_reference_with_an_adapter covers)
 LORA = ["debug=smoke", "logger=none", "peft=lora", "reward.funcs=[vowel_fraction]", "reward.weights=[1.0]",
-        "train.learning_rate=1e-3", "eval.after_train=false", "eval.every_steps=null", "cpu.threads=1"]
+        "train.learning_rate=1e-3", "eval.after_train=false", "eval.every_steps=null", "cpu.threads=1",
+        "train.beta=0.0"]
 EWC_FAST = ["ewc.fisher_samples=4", "ewc.fisher_batch_size=4"]
 
 
