@@ -243,8 +243,9 @@ def build_frame(jobs: list[dict]) -> pd.DataFrame:
     return df.drop(columns=empty)
 
 
-def variant_labels(df: pd.DataFrame) -> list[str]:
-    keys = swept_keys(df)
+def variant_labels(df: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
+    """Each job's "key=value, ..." of the given override columns (default: the swept ones)."""
+    keys = swept_keys(df) if keys is None else keys
     labels = []
     for _, row in df.iterrows():
         parts = [f"{k.split(':', 1)[1]}={row[k]}" for k in keys if isinstance(row[k], str)]
@@ -542,7 +543,8 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
 def seed_section(df: pd.DataFrame, keys: list[str], out: Path) -> list[str]:
     """report.md's table of each variant over seeds (and seed_summary.csv), for sweeps that scored a
     variant on two seeds or more; no lines otherwise."""
-    table = seed_summary.per_variant(df, keys)
+    keys = [k for k in keys if k != seed_summary.SEED_KEY]
+    table = seed_summary.per_variant(df, variant_labels(df, keys) if keys else ["all"] * len(df))
     if table is None:
         return []
     table.to_csv(out / "seed_summary.csv", index=False)

@@ -16,19 +16,14 @@ def _scored_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if c.startswith("eval_") and c.endswith(("_accuracy", "_diff"))]
 
 
-def per_variant(df: pd.DataFrame, swept: list[str]) -> pd.DataFrame | None:
-    """One row per variant (the swept overrides other than the seed) of the completed jobs, or None when
-    no variant was scored on two seeds or more."""
+def per_variant(df: pd.DataFrame, labels: list[str]) -> pd.DataFrame | None:
+    """One row per variant label (report.variant_labels of the swept overrides other than the seed) over the
+    completed jobs, or None when no variant was scored on two seeds or more."""
     done = df[df["status"] == "completed"] if "status" in df.columns else df
     scored = _scored_columns(done)
     if done.empty or "seed" not in done.columns or not scored:
         return None
-    keys = [k for k in swept if k != SEED_KEY]
-    if keys:  # "ablation=none, train.max_steps=60": the label names the override of each value
-        labels = done[keys].apply(lambda row: ", ".join(f"{k.split(':', 1)[1]}={v}" for k, v in row.items()
-                                                       if pd.notna(v)), axis=1)
-    else:
-        labels = pd.Series("all", index=done.index)
+    labels = pd.Series(labels, index=df.index)[done.index]
     rows = []
     for label, jobs in done.groupby(labels, sort=False):
         row = {"variant": label, "seeds": jobs["seed"].nunique(),
