@@ -223,6 +223,10 @@ class TrainConfig:
     # The trained policy's attention: sdpa or eager (transformers' own), or grouped (core/attention.py: query
     # heads grouped by the key/value head they share; a shorter step on CPUs, not the default: see there)
     attention: str = "sdpa"
+    # The LM head's log-probs in the shared-prefix scoring: trl (TRL's chunked kernel; on a CPU its gradient
+    # GEMMs run in fp32) or autocast (core/logprob_head.py: the same forward, gradient GEMMs in the autocast
+    # dtype as for every other layer; about 2x faster on this head with native bf16; see README, Performance)
+    logprob_kernel: str = "trl"
     # Who samples the completions: trl (TRL's `generate`) or engine (training/rollout.py: a rollout copy of the
     # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance)
     rollout: str = "trl"
@@ -245,6 +249,7 @@ class TrainConfig:
     REWARD_SCALINGS = ("group", "batch", "none")
     ROLLOUTS = ("trl", "engine")
     ATTENTIONS = ("sdpa", "grouped", "eager")
+    LOGPROB_KERNELS = ("trl", "autocast")
     ROLLOUT_DTYPES = ("auto", "bf16", "fp32")
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")
     IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -266,6 +271,7 @@ class TrainConfig:
         require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)
         require_choice("train.rollout", train.rollout, TrainConfig.ROLLOUTS)
         require_choice("train.attention", train.attention, TrainConfig.ATTENTIONS)
+        require_choice("train.logprob_kernel", train.logprob_kernel, TrainConfig.LOGPROB_KERNELS)
         require_choice("train.rollout_dtype", train.rollout_dtype, TrainConfig.ROLLOUT_DTYPES)
         require_choice("train.rollout_sampler", train.rollout_sampler, TrainConfig.ROLLOUT_SAMPLERS)
         require_choice("train.rollout_is_mode", train.rollout_is_mode, TrainConfig.IS_MODES)

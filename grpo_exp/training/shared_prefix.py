@@ -5,10 +5,11 @@ prompt+completion sequence for every row. On the CPU it also projects every prom
 head and masks those positions out afterwards (TRL scores only valid positions on Triton devices). Here the
 distinct prompts run once with a KV cache. The cache rows are then gathered back to the batch (`index_select`,
 so gradients from every completion of a group add up in the shared prompt). The completions run on top of
-that cache, and only completion positions reach TRL's own chunked log-prob kernel.
+that cache, and only completion positions reach the LM head: TRL's own chunked log-prob kernel, or with
+`train.logprob_kernel=autocast` core/logprob_head.py (the same maths, gradient GEMMs in the autocast dtype).
 
 The maths is that of TRL's forward: same positions (TRL passes no position ids, so both use 0..L-1), same
-masks, same kernel. Only float rounding differs. tests/test_shared_prefix.py checks log-probs, entropies
+masks, same kernel by default. Only float rounding differs. tests/test_shared_prefix.py checks log-probs, entropies
 and gradients against TRL's path.
 
 Under DistributedDataParallel (torchrun) the scoring runs as the wrapped module's forward, so DDP sets up
@@ -27,10 +28,8 @@ import inspect
 
 import torch
 from transformers import DynamicCache
-from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFunction
 
-# Per-token fields TRL's GRPO trainer asks its fused head for (grpo_trainer.add_fused_lm_head(outputs=...)).
-_FIELDS = ("log_probs", "entropy")
+from grpo_exp.core import logprob_head
 
 
 def scoring_model(model):
@@ -85,7 +84,8 @@ def group_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[tor
 
 
 def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                     temperature: float, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+                     temperature: float, compute_entropy: bool,
+                     kernel: str = "trl") -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Per-token log-probs (and entropies) of the last `logits_to_keep` tokens, as TRL's
     `_get_per_token_logps_and_entropies` returns them for one chunk; None when no prompt repeats in the chunk."""
     prompt_len = input_ids.size(1) - logits_to_keep
@@ -95,7 +95,7 @@ def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     if first.numel() == input_ids.size(0):
         return None
     return _as_forward(model, lambda inner: _score(inner, input_ids, attention_mask, prompt_len, first, inverse,
-                                                   temperature, compute_entropy))
+                                                   temperature, compute_entropy, kernel))
 
 
 def _as_forward(model, fn):
@@ -119,7 +119,7 @@ def _as_forward(model, fn):
 
 
 def _score(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, first: torch.Tensor,
-           inverse: torch.Tensor, temperature: float, compute_entropy: bool):
+           inverse: torch.Tensor, temperature: float, compute_entropy: bool, kernel: str):
     model = scoring_model(model)
     backbone = model.base_model
     cache_kwarg = _cache_kwarg(type(backbone))
@@ -135,10 +135,8 @@ def _score(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
     labels = input_ids[:, prompt_len:]
     mask = attention_mask[:, prompt_len:].bool()
     head = model.get_output_embeddings()
-    fields = _FIELDS if compute_entropy else _FIELDS[:1]
-    per_token = _ChunkedLogProbFunction.apply(hidden.reshape(-1, hidden.size(-1)), head.weight, head.bias,
-                                              labels.reshape(-1), temperature, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
-                                              fields)
+    per_token = logprob_head.logprobs(hidden.reshape(-1, hidden.size(-1)), head.weight, head.bias, labels.reshape(-1),
+                                      temperature, compute_entropy, kernel)
     logps = per_token[0].view(mask.shape).masked_fill(~mask, 0)
     entropy = per_token[1].view(mask.shape).masked_fill(~mask, 0) if compute_entropy else None
     return logps, entropy

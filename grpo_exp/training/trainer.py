@@ -32,8 +32,8 @@ from grpo_exp.training import checkpoints, rollout, shared_prefix
 logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "rollout", "rollout_dtype", "rollout_compile",
-                    "rollout_sampler", "rollout_is_correction", "rollout_is_mode", "rollout_is_cap"}
+_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "logprob_kernel", "rollout", "rollout_dtype",
+                    "rollout_compile", "rollout_sampler", "rollout_is_correction", "rollout_is_mode", "rollout_is_cap"}
 
 
 class LossTerm(Protocol):
@@ -103,7 +103,7 @@ class NonFiniteError(RuntimeError):
 class GrpoExpTrainer(GRPOTrainer):
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
-                 share_prefixes: bool = False, rollout_cfg=None, **kwargs):
+                 share_prefixes: bool = False, logprob_kernel: str = "trl", rollout_cfg=None, **kwargs):
         self.on_nonfinite = on_nonfinite
         # on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that
         # trains on it), a NaN/inf loss the rest of its round; poisoned steps change no parameter or state
@@ -121,6 +121,7 @@ class GrpoExpTrainer(GRPOTrainer):
         # figures measured outside the step (held-out accuracy): merged into the next log row
         self.pending_logs: dict = {}
         self.share_prefixes = share_prefixes
+        self.logprob_kernel = logprob_kernel
         if share_prefixes:
             why_not = shared_prefix.unsupported_reason(self.model) or (
                 "train.extra.cast_lm_head_to_fp32" if self.args.cast_lm_head_to_fp32 else None)
@@ -165,7 +166,7 @@ class GrpoExpTrainer(GRPOTrainer):
             ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
             with self.accelerator.autocast():
                 scored = shared_prefix.completion_logps(model, ids, mask, logits_to_keep, self.temperature,
-                                                        compute_entropy)
+                                                        compute_entropy, self.logprob_kernel)
             if scored is None:  # no prompt repeats in this chunk
                 scored = super()._get_per_token_logps_and_entropies(model, ids, mask, logits_to_keep,
                                                                     compute_entropy=compute_entropy)[:2]
@@ -377,6 +378,7 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
         on_nonfinite=cfg.on_nonfinite,
         run_state=run_state,
         share_prefixes=cfg.train.shared_prefix,
+        logprob_kernel=cfg.train.logprob_kernel,
         rollout_cfg=cfg.train,
     )
 

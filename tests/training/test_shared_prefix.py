@@ -48,8 +48,8 @@ def score(model, fn):
     return logps.detach(), entropy.detach(), grads
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "grouped"])
-def test_matches_trls_forward_values_and_gradients(tiny, attn):
+@pytest.mark.parametrize("attn,kernel", [("sdpa", "trl"), ("grouped", "trl"), ("sdpa", "autocast")])
+def test_matches_trls_forward_values_and_gradients(tiny, attn, kernel):
     model, tokenizer = tiny
     assert attention.use(model, attn)  # train.attention: the policy scores with either
     # prompts of different lengths, so the left padding differs between groups
@@ -58,7 +58,7 @@ def test_matches_trls_forward_values_and_gradients(tiny, attn):
     keep = 10
 
     reference = score(model, lambda: trl_forward(model, ids, mask, keep))
-    shared = score(model, lambda: shared_prefix.completion_logps(model, ids, mask, keep, 0.7, True))
+    shared = score(model, lambda: shared_prefix.completion_logps(model, ids, mask, keep, 0.7, True, kernel))
     valid = mask[:, -keep:].bool()
     assert reference[0][valid].abs().min() > 0  # real log-probs, not masked zeros
     torch.testing.assert_close(shared[0], reference[0], atol=1e-4, rtol=1e-4)

@@ -33,6 +33,7 @@ OPTIONS = {
     "shared_prefix=false": ["train.shared_prefix=false"],
     "gradient_checkpointing": ["train.gradient_checkpointing=true"],
     "beta=0.04 (reference model)": ["train.beta=0.04"],
+    "logprob_kernel=autocast": ["train.logprob_kernel=autocast"],
 }
 
 

@@ -1,0 +1,102 @@
+"""train.logprob_kernel=autocast (core/logprob_head.py): TRL's log-probs, entropies and gradients, within rounding.
+
+In fp32 it must agree with an fp64 log-softmax to float precision, through every block of its loops; under
+bf16 autocast its gradient error against fp64 must be of the size of TRL's own kernel's (which also rounds the
+logits gradient to bf16), not larger by more than the one rounding of each gradient GEMM's output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_exp.core import logprob_head
+
+N, H, V = 37, 16, 300  # N not a multiple of the (patched) block sizes: partial blocks run too
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(logprob_head, "ROWS", 8)
+    monkeypatch.setattr(logprob_head, "GRAD_ROWS", 16)
+
+
+def inputs(seed: int = 0, bias: bool = True):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, H, generator=gen)
+    weight = torch.randn(V, H, generator=gen) * 0.3
+    b = torch.randn(V, generator=gen) * 0.1 if bias else None
+    targets = torch.randint(0, V, (N,), generator=gen)
+    grad_logps, grad_entropy = torch.randn(N, generator=gen), torch.randn(N, generator=gen)
+    return hidden, weight, b, targets, grad_logps, grad_entropy
+
+
+def reference(hidden, weight, bias, targets, temperature, round_to=None):
+    """fp64 log-softmax: (log-probs, entropies) with autograd, on inputs rounded as autocast would round them."""
+    cast = (lambda x: x.to(round_to).double()) if round_to else (lambda x: x.double())
+    h, w = cast(hidden).requires_grad_(), cast(weight).requires_grad_()
+    b = cast(bias).requires_grad_() if bias is not None else None
+    z = h @ w.t() + (b if b is not None else 0)
+    log_p = torch.log_softmax(z / temperature, -1)
+    return h, w, b, log_p.gather(-1, targets[:, None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+
+
+def run(kernel, hidden, weight, bias, targets, temperature, grad_logps, grad_entropy, autocast=False):
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    b = bias.clone().requires_grad_() if bias is not None else None
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logps, entropy = logprob_head.logprobs(h, w, b, targets, temperature, True, kernel)
+    ((logps * grad_logps).sum() + (entropy * grad_entropy).sum()).backward()
+    return logps.detach(), entropy.detach(), h.grad, w.grad, None if b is None else b.grad
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fp32_values_and_gradients_equal_a_log_softmax(bias):
+    hidden, weight, b, targets, gl, ge = inputs(bias=bias)
+    h, w, rb, lp, ent = reference(hidden, weight, b, targets, 0.7)
+    ((lp * gl.double()).sum() + (ent * ge.double()).sum()).backward()
+    got = run("autocast", hidden, weight, b, targets, 0.7, gl, ge)
+    torch.testing.assert_close(got[0].double(), lp.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1].double(), ent.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[2].double(), h.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got[3].double(), w.grad, atol=1e-5, rtol=1e-4)
+    if bias:
+        torch.testing.assert_close(got[4].double(), rb.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_fp32_agrees_with_trls_kernel():
+    hidden, weight, b, targets, gl, ge = inputs(seed=1)
+    ours = run("autocast", hidden, weight, b, targets, 0.8, gl, ge)
+    trls = run("trl", hidden, weight, b, targets, 0.8, gl, ge)
+    for a, t in zip(ours, trls):
+        torch.testing.assert_close(a, t, atol=1e-5, rtol=1e-4)
+
+
+def test_only_the_log_prob_gradient_when_entropy_is_for_logging():
+    hidden, weight, b, targets, gl, _ = inputs(seed=2)
+    h, w, _, lp, _ = reference(hidden, weight, b, targets, 1.0)
+    (lp * gl.double()).sum().backward()
+    hh, ww = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    logps, entropy = logprob_head.logprobs(hh, ww, b, targets, 1.0, True, "autocast")
+    (logps * gl).sum().backward()  # the entropy gets no gradient: backward sees None for it
+    torch.testing.assert_close(hh.grad.double(), h.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ww.grad.double(), w.grad, atol=1e-5, rtol=1e-4)
+    assert logprob_head.logprobs(hh, ww, b, targets, 1.0, False, "autocast")[1] is None
+
+
+def relative_error(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def test_bf16_autocast_gradients_are_as_close_as_trls():
+    hidden, weight, b, targets, gl, _ = inputs(seed=3, bias=False)
+    zero = torch.zeros(N)
+    h, w, _, lp, _ = reference(hidden, weight, None, targets, 0.7, round_to=torch.bfloat16)
+    (lp * gl.double()).sum().backward()
+    ours = run("autocast", hidden, weight, None, targets, 0.7, gl, zero, autocast=True)
+    trls = run("trl", hidden, weight, None, targets, 0.7, gl, zero, autocast=True)
+    torch.testing.assert_close(ours[0], trls[0], atol=1e-5, rtol=1e-5)  # the same bf16 GEMM, fp32 softmax
+    for i, ref in ((2, h.grad), (3, w.grad)):
+        assert relative_error(ours[i], ref) < 2 * relative_error(trls[i], ref) + 1e-3
+        assert relative_error(ours[i], ref) < 1e-2
+        assert ours[i].dtype == torch.float32
