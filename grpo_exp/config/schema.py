@@ -224,8 +224,9 @@ class TrainConfig:
     # heads grouped by the key/value head they share; a shorter step on CPUs, not the default: see there)
     attention: str = "sdpa"
     # The LM head's log-probs in the shared-prefix scoring: trl (TRL's chunked kernel; on a CPU its gradient
-    # GEMMs run in fp32) or autocast (core/logprob_head.py: the same forward, gradient GEMMs in the autocast
-    # dtype as for every other layer; about 2x faster on this head with native bf16; see README, Performance)
+    # GEMMs run in fp32), autocast (core/logprob_head.py: the same forward, gradient GEMMs in the autocast
+    # dtype as for every other layer; a 25% shorter default step with native bf16; README, Performance), or
+    # auto (autocast under bf16 training, trl in fp32)
     logprob_kernel: str = "trl"
     # Who samples the completions: trl (TRL's `generate`) or engine (training/rollout.py: a rollout copy of the
     # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance)
@@ -249,7 +250,7 @@ class TrainConfig:
     REWARD_SCALINGS = ("group", "batch", "none")
     ROLLOUTS = ("trl", "engine")
     ATTENTIONS = ("sdpa", "grouped", "eager")
-    LOGPROB_KERNELS = ("trl", "autocast")
+    LOGPROB_KERNELS = ("auto", "trl", "autocast")
     ROLLOUT_DTYPES = ("auto", "bf16", "fp32")
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")
     IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-CHOICES = ("trl", "autocast")  # train.logprob_kernel
+CHOICES = ("auto", "trl", "autocast")  # train.logprob_kernel
 ROWS = 256  # tokens per forward block: 256 x 49152 fp32 logits are 50 MB
 GRAD_ROWS = 2048  # tokens whose logits gradient is held at once for the weight-gradient GEMM (bf16: 200 MB)
 
@@ -108,6 +108,14 @@ class AutocastLogProbHead(torch.autograd.Function):
         return (grad_hidden.to(hidden.dtype) if need_h else None,
                 grad_weight.to(weight.dtype) if need_w else None,
                 grad_bias.to(bias.dtype) if need_b else None, None, None, None)
+
+
+def resolve(choice: str, bf16: bool) -> str:
+    """The kernel `train.logprob_kernel=auto` picks: autocast under bf16 training, where its bf16 gradient GEMMs are
+    the gain; trl in fp32, where both are fp32 GEMMs and only rounding would differ."""
+    if choice != "auto":
+        return choice
+    return "autocast" if bf16 else "trl"
 
 
 def logprobs(hidden, weight, bias, targets, temperature: float, want_entropy: bool, kernel: str = "trl"):

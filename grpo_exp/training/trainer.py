@@ -26,7 +26,7 @@ from grpo_exp.base import dist, log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
-from grpo_exp.core import attention
+from grpo_exp.core import attention, logprob_head
 from grpo_exp.training import checkpoints, rollout, shared_prefix
 
 logger = log.get_logger(__name__)
@@ -121,13 +121,15 @@ class GrpoExpTrainer(GRPOTrainer):
         # figures measured outside the step (held-out accuracy): merged into the next log row
         self.pending_logs: dict = {}
         self.share_prefixes = share_prefixes
-        self.logprob_kernel = logprob_kernel
+        self.logprob_kernel = logprob_head.resolve(logprob_kernel, bf16=self.args.bf16)
         if share_prefixes:
             why_not = shared_prefix.unsupported_reason(self.model) or (
                 "train.extra.cast_lm_head_to_fp32" if self.args.cast_lm_head_to_fp32 else None)
             if why_not:
                 logger.info("train.shared_prefix: off for %s; TRL's own forward scores the batch", why_not)
                 self.share_prefixes = False
+        if self.share_prefixes:
+            logger.info("train.logprob_kernel=%s: %s", logprob_kernel, self.logprob_kernel)
         # train.rollout=engine: grpo-exp's sampler through TRL's rollout_func (None: TRL's generate)
         self.rollout_engine = (rollout.build_engine(self, rollout_cfg)
                                if rollout_cfg is not None and rollout_cfg.rollout == "engine" else None)

@@ -91,11 +91,12 @@ def test_config_choices_match_the_code_that_implements_them():
     # lists that the lower and higher layers implement; a choice added on one side only would either be
     # refused by the config or pass it and fail after the model loaded.
     from grpo_exp.config.schema import StageConfig, TrainConfig
-    from grpo_exp.core import attention
+    from grpo_exp.core import attention, logprob_head
     from grpo_exp.core.data.generators import LEVELS
     from grpo_exp.training import rollout
 
     assert TrainConfig.ATTENTIONS == attention.CHOICES
+    assert TrainConfig.LOGPROB_KERNELS == logprob_head.CHOICES
     assert TrainConfig.ROLLOUT_SAMPLERS == rollout.SAMPLERS
     assert TrainConfig.IS_MODES == rollout.IS_MODES
     assert StageConfig.DATASETS == (*LEVELS, "gsm8k")

@@ -100,3 +100,10 @@ def test_bf16_autocast_gradients_are_as_close_as_trls():
         assert relative_error(ours[i], ref) < 2 * relative_error(trls[i], ref) + 1e-3
         assert relative_error(ours[i], ref) < 1e-2
         assert ours[i].dtype == torch.float32
+
+
+def test_auto_picks_the_autocast_kernel_only_under_bf16():
+    assert logprob_head.resolve("auto", bf16=True) == "autocast"
+    assert logprob_head.resolve("auto", bf16=False) == "trl"  # fp32: the kernel the fp32 figures were measured with
+    assert logprob_head.resolve("trl", bf16=True) == "trl"
+    assert logprob_head.resolve("autocast", bf16=False) == "autocast"
