@@ -59,7 +59,7 @@ class AutocastLogProbHead(torch.autograd.Function):
                 # H = log Z - sum_v p_v z_v, as TRL's kernel computes it
                 entropy[s:e] = lz - (torch.exp(z - lz[:, None]) * z).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, log_z, entropy if want_entropy else log_z)
-        ctx.dtype, ctx.temperature, ctx.want_entropy = dtype, temperature, want_entropy
+        ctx.dtype, ctx.temperature = dtype, temperature
         ctx.set_materialize_grads(False)  # the entropy is usually for logging only: no gradient comes back
         if want_entropy:
             return logps, entropy
