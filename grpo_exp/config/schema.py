@@ -226,8 +226,8 @@ class TrainConfig:
     # The LM head's log-probs in the shared-prefix scoring: trl (TRL's chunked kernel; on a CPU its gradient
     # GEMMs run in fp32), autocast (core/logprob_head.py: the same forward, gradient GEMMs in the autocast
     # dtype as for every other layer; a 25% shorter default step with native bf16; README, Performance), or
-    # auto (autocast under bf16 training, trl in fp32; the default since 2026-11-27: seeds 42, 1 and 3 of the
-    # default run scored 0.465, 0.480 and 0.455 with it against 0.460, 0.445 and 0.410 with trl)
+    # auto (autocast under bf16 training, trl in fp32; the default since 2026-11-27: seeds 42, 1, 3 and 2 of the
+    # default run scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl)
     logprob_kernel: str = "auto"
     # Who samples the completions: trl (TRL's `generate`) or engine (training/rollout.py: a rollout copy of the
     # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance)
