@@ -102,8 +102,11 @@ def test_bf16_autocast_gradients_are_as_close_as_trls():
         assert ours[i].dtype == torch.float32
 
 
-def test_auto_picks_the_autocast_kernel_only_under_bf16():
+def test_auto_picks_the_autocast_kernel_only_under_bf16_on_a_cpu():
     assert logprob_head.resolve("auto", bf16=True) == "autocast"
+    assert logprob_head.resolve("auto", bf16=True, device="cpu") == "autocast"
     assert logprob_head.resolve("auto", bf16=False) == "trl"  # fp32: the kernel the fp32 figures were measured with
+    assert logprob_head.resolve("auto", bf16=True, device="cuda") == "trl"  # CUDA has TRL's fp32-output GEMM
+    assert logprob_head.resolve("autocast", bf16=True, device="cuda") == "autocast"
     assert logprob_head.resolve("trl", bf16=True) == "trl"
     assert logprob_head.resolve("autocast", bf16=False) == "autocast"

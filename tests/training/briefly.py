@@ -55,5 +55,5 @@ def train_briefly(cfg):
         for key, value in env.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
-    moved = any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
+    moved = any(not torch.equal(before[n], p.detach().cpu()) for n, p in trainer.model.named_parameters())
     return trainer, seen, losses, moved
