@@ -594,7 +594,8 @@ def child_main(spec_path: Path) -> int:
         "per_device_train_batch_size": a.per_device_train_batch_size,
         "max_completion_length": a.max_completion_length,
         "gradient_accumulation_steps": a.gradient_accumulation_steps,
-        "rollout": cfg.train.rollout if ours else "trl",
+        # what sampled the completions (train.rollout=auto resolves by machine; the engine may decline a model)
+        "rollout": "engine" if getattr(trainer, "rollout_engine", None) is not None else "trl",
         "fixed_length": bool(generation_kwargs),
         "shared_prefix": bool(getattr(trainer, "share_prefixes", False)),
         "attention": getattr(parts.model.config, "_attn_implementation", None),

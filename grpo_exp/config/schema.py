@@ -249,7 +249,7 @@ class TrainConfig:
 
     LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
     REWARD_SCALINGS = ("group", "batch", "none")
-    ROLLOUTS = ("trl", "engine")
+    ROLLOUTS = ("auto", "trl", "engine")
     ATTENTIONS = ("sdpa", "grouped", "eager")
     LOGPROB_KERNELS = ("auto", "trl", "autocast")
     ROLLOUT_DTYPES = ("auto", "bf16", "fp32")
@@ -280,7 +280,7 @@ class TrainConfig:
         require(train.rollout_compile in ("auto", True, False),
                 f"train.rollout_compile={train.rollout_compile!r} is not valid; choose one of: auto, true, false")
         # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set
-        require(not (train.rollout == "engine" and train.rollout_is_correction and train.loss_type == "vespo"
+        require(not (train.rollout in ("engine", "auto") and train.rollout_is_correction and train.loss_type == "vespo"
                      and not train.rollout_is_mode.startswith("token")),
                 f"train.loss_type=vespo needs a token-level train.rollout_is_mode (token_truncate or token_mask), "
                 f"not {train.rollout_is_mode}")

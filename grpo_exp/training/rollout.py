@@ -43,6 +43,7 @@ from grpo_exp.training import shared_prefix
 
 logger = log.get_logger(__name__)
 
+CHOICES = ("auto", "trl", "engine")  # train.rollout
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 DTYPES = ("auto", "bf16", "fp32")
 SAMPLERS = ("cdf", "multinomial")
@@ -56,6 +57,16 @@ def native_dtype() -> torch.dtype:
     from grpo_exp.base.cpu import resolve_precision
 
     return torch.bfloat16 if resolve_precision("auto") == "bf16" else torch.float32
+
+
+def resolve(choice: str) -> str:
+    """The path `train.rollout=auto` takes: the engine on a CPU with native bf16, where it was measured faster and
+    its default runs scored as TRL's path did (README, Performance, "The rollout engine"); TRL's `generate`
+    elsewhere: on CPUs without native bf16, where the copy would be fp32 and the default run was measured through
+    TRL's path, and on CUDA, where TRL's own fast path is vLLM."""
+    if choice != "auto":
+        return choice
+    return "engine" if not torch.cuda.is_available() and native_dtype() == torch.bfloat16 else "trl"
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -418,7 +429,9 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
     why when it cannot serve this trainer."""
     why = unsupported_reason(trainer)
     if why:
-        logger.warning("train.rollout=engine: not used for %s; TRL's generation runs", why)
+        # asked for by name, its absence is news; under auto, falling back is what auto means
+        log = logger.warning if train_cfg.rollout == "engine" else logger.info
+        log("train.rollout=%s: the engine is not used for %s; TRL's generation runs", train_cfg.rollout, why)
         return None
     engine = RolloutEngine(
         trainer.model, dtype=resolve_dtype(train_cfg.rollout_dtype), compile=train_cfg.rollout_compile,

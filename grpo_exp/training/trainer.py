@@ -54,7 +54,7 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
     # and TRL's own default (True) would otherwise slow a small CPU model by ~20%.
     if "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:  # older releases lack it
         kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
-    if values.get("rollout") == "engine":
+    if rollout.resolve(values.get("rollout", "trl")) == "engine":
         # TRL's importance-sampling correction of vLLM rollouts, which the engine turns on (training/rollout.py)
         kwargs.update(vllm_importance_sampling_correction=values["rollout_is_correction"],
                       vllm_importance_sampling_mode=values["rollout_is_mode"],
@@ -132,8 +132,10 @@ class GrpoExpTrainer(GRPOTrainer):
         if self.share_prefixes:
             logger.info("train.logprob_kernel=%s: %s", logprob_kernel, self.logprob_kernel)
         # train.rollout=engine: grpo-exp's sampler through TRL's rollout_func (None: TRL's generate)
-        self.rollout_engine = (rollout.build_engine(self, rollout_cfg)
-                               if rollout_cfg is not None and rollout_cfg.rollout == "engine" else None)
+        path = rollout.resolve(rollout_cfg.rollout) if rollout_cfg is not None else "trl"
+        if rollout_cfg is not None and rollout_cfg.rollout == "auto":
+            logger.info("train.rollout=auto: %s", path)
+        self.rollout_engine = rollout.build_engine(self, rollout_cfg) if path == "engine" else None
 
     def _guard_reward(self, func: Callable) -> Callable:
         """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""

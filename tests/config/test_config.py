@@ -99,6 +99,7 @@ def test_config_choices_match_the_code_that_implements_them():
     assert TrainConfig.LOGPROB_KERNELS == logprob_head.CHOICES
     assert TrainConfig.ROLLOUT_SAMPLERS == rollout.SAMPLERS
     assert TrainConfig.IS_MODES == rollout.IS_MODES
+    assert TrainConfig.ROLLOUTS == rollout.CHOICES
     assert StageConfig.DATASETS == (*LEVELS, "gsm8k")
 
 

@@ -316,16 +316,37 @@ def test_what_the_engine_cannot_serve_falls_back_to_trl(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="grpo_exp"):
         trainer, _, losses, _ = one_step(tmp_path, ["train.rollout=engine", "train.repetition_penalty=1.1"])
     assert trainer.rollout_engine is None and trainer.rollout_func is None
-    assert "train.rollout=engine: not used for repetition_penalty=1.1" in caplog.text
+    assert "train.rollout=engine: the engine is not used for repetition_penalty=1.1" in caplog.text
     assert math.isfinite(losses[0])
 
 
+@pytest.mark.parametrize("native,cuda,expected", [(torch.bfloat16, False, "engine"), (torch.float32, False, "trl"),
+                                                   (torch.bfloat16, True, "trl")])
+def test_auto_takes_the_engine_only_on_a_cpu_with_native_bf16(monkeypatch, native, cuda, expected):
+    monkeypatch.setattr(rollout, "native_dtype", lambda: native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert rollout.resolve("auto") == expected
+    assert rollout.resolve("trl") == "trl" and rollout.resolve("engine") == "engine"  # explicit choices stand
+
+
+def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp_path):
+    """On this machine: the engine where bf16 is native (with TRL's correction on), TRL's `generate` elsewhere."""
+    trainer, seen, losses, moved = one_step(tmp_path, ["train.rollout=auto"])
+    engine_expected = rollout.resolve("auto") == "engine"
+    assert (trainer.rollout_engine is not None) == engine_expected
+    assert ("importance_sampling_ratio" in seen[0]) == engine_expected
+    assert losses and math.isfinite(losses[0]) and moved
+
+
 @pytest.mark.parametrize("override,message", [
-    ("train.rollout=vllm", "train.rollout='vllm' is not valid"),
+    ("train.rollout=vllm", "train.rollout='vllm' is not valid; choose one of: auto, trl, engine"),
     ("train.rollout_is_mode=token", "train.rollout_is_mode='token' is not valid"),
     ("train.rollout_is_cap=0.5", "train.rollout_is_cap=0.5 must be"),
     ("train.rollout_compile=maybe", "train.rollout_compile='maybe' is not valid"),
     ("train.rollout=engine,train.loss_type=vespo,train.rollout_is_mode=sequence_mask",
+     "train.loss_type=vespo needs a token-level train.rollout_is_mode"),
+    # auto is held to the engine's rules on every machine, so a config valid on one machine is valid on all
+    ("train.rollout=auto,train.loss_type=vespo,train.rollout_is_mode=sequence_truncate",
      "train.loss_type=vespo needs a token-level train.rollout_is_mode"),
 ])
 def test_bad_rollout_settings_fail_with_one_line(tmp_path, override, message):
