@@ -5,8 +5,10 @@ fp32 weights on every op of every token, runs eager Python for each decoding ste
 with `cat`. The engine instead keeps
 
 - a rollout copy of the policy in the machine's fastest native dtype (bf16 where the CPU computes it natively,
-  fp32 elsewhere), refreshed in place (no re-allocation) before the first generation after an optimizer step;
+  fp32 elsewhere), refreshed in place before the first generation after an optimizer step;
 - a static KV cache (transformers' StaticCache, allocated once per batch shape);
+- between rounds, through TRL's hook, the copy's weights and the cache give their memory back (`release`), since
+  the training step between two rounds is where a run's memory peaks; the next round refills them;
 - a batched prefill that runs each distinct prompt once (a GRPO batch holds every prompt `num_generations`
   times) and copies its cache rows to the group;
 - attention that groups the query heads sharing a key/value head instead of copying the cache per head;
@@ -174,6 +176,8 @@ class RolloutEngine:
         self.head = self.model.get_output_embeddings()
         self._cache_kwarg = _cache_kwarg(type(self.backbone))
         self.timings: dict[str, float] = {}
+        # (tensor, bytes, is_cache) for each storage given back by `release`; empty while the engine is usable
+        self._released: list[tuple[torch.Tensor, int, bool]] = []
         self.compiled = False
         why = None
         if compile in ("auto", True):
@@ -200,15 +204,51 @@ class RolloutEngine:
             param.copy_(src[name].detach())
 
     def sync(self, trainer) -> None:
-        """Refresh once per optimizer step, before that step's first generation (TRL's vLLM sync does the same)."""
+        """Refresh once per optimizer step, before that step's first generation (TRL's vLLM sync does the same),
+        and whenever the copy was released since."""
         step = trainer.state.global_step
-        if self.synced_step != step:
+        if self.synced_step != step or self.released:
             policy = trainer.model
             policy = getattr(policy, "module", policy)  # DDP wrapper
             t0 = time.perf_counter()
+            self.materialize()
             self.refresh(policy)
             self.timings["refresh_s"] = time.perf_counter() - t0
             self.synced_step = step
+
+    # -------------------------------------------------------------------------------------------------- memory
+
+    @property
+    def released(self) -> bool:
+        return bool(self._released)
+
+    def release(self) -> None:
+        """Give the copy's weights and the decoding cache back until the next round. They are used only while
+        sampling; the training step between two rounds (activations, gradients, optimizer state, autocast's
+        bf16 weights) is where a run's resident memory peaks. Each tensor keeps its shape and identity, with an
+        empty storage, so the compiled step is not recompiled; `sync` refills them."""
+        if self._released:
+            return
+        cache = [t for layer in (self._cache.layers if self._cache is not None else [])
+                 if getattr(layer, "is_initialized", False) for t in (layer.keys, layer.values)]
+        seen: set[int] = set()
+        for tensor, is_cache in [*((p, False) for p in self.model.parameters()), *((t, True) for t in cache)]:
+            storage = tensor.untyped_storage()
+            if storage.nbytes() == 0 or storage.data_ptr() in seen:  # tied weights share one storage
+                continue
+            seen.add(storage.data_ptr())
+            self._released.append((tensor, storage.nbytes(), is_cache))
+        for tensor, _, _ in self._released:
+            tensor.untyped_storage().resize_(0)
+
+    def materialize(self) -> None:
+        """Storage back for everything `release` gave up: the cache zeroed (a masked position must hold a finite
+        number: softmax gives it weight 0, and 0 x NaN would still be NaN), the weights for `refresh` to fill."""
+        for tensor, nbytes, is_cache in self._released:
+            tensor.untyped_storage().resize_(nbytes)
+            if is_cache:
+                tensor.zero_()
+        self._released = []
 
     # ------------------------------------------------------------------------------------------------ sampling
 
@@ -278,6 +318,9 @@ class RolloutEngine:
     @torch.no_grad()
     def _generate(self, prompt_ids: list[list[int]], generator: torch.Generator | None):
         from transformers import DynamicCache
+
+        if self._released:
+            raise RuntimeError("the rollout copy was released after its last round; sync(trainer) refills it")
 
         t0 = time.perf_counter()
         rows = len(prompt_ids)
@@ -362,6 +405,7 @@ class RolloutEngine:
         device_type = self.device.type
         with torch.autocast(device_type=device_type, enabled=False):  # the copy computes in its own dtype
             completion_ids, logprobs = self.generate(prompt_ids)
+        self.release()  # until the next round: the training step comes next
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
 

@@ -167,6 +167,15 @@ def test_compiled_and_eager_decoding_agree(tiny):
     assert a == b
     for x, y in zip(a_logps, b_logps):
         torch.testing.assert_close(torch.tensor(x), torch.tensor(y), atol=1e-4, rtol=1e-4)
+    # a released and refilled engine decodes the same tokens with the same compiled step, not a recompiled one
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled.release()
+    compiled.materialize()
+    compiled.refresh(model)
+    torch.manual_seed(5)
+    c, _ = compiled.generate(rows)
+    assert compiled.compiled and c == a
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames, "release/refill recompiled the step"
 
 
 def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypatch, caplog):
@@ -176,6 +185,28 @@ def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypat
         engine = engine_for(model, tokenizer, [0], compile="auto")
     assert not engine.compiled
     assert "decoding step runs eager (no C++ compiler" in caplog.text
+
+
+def test_release_gives_the_memory_back_and_a_refill_samples_as_before(tiny):
+    model, tokenizer, prompts = tiny
+    rows = [p for p in prompts for _ in range(2)]
+    engine = engine_for(model, tokenizer, [tokenizer.eos_token_id], dtype=torch.bfloat16)
+    torch.manual_seed(3)
+    first, first_logps = engine.generate(rows)
+    params = list(engine.model.parameters())
+    cache = [t for layer in engine._cache.layers for t in (layer.keys, layer.values)]
+    held = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in params + cache}.values())
+    engine.release()
+    assert engine.released and all(t.untyped_storage().nbytes() == 0 for t in params + cache)
+    assert sum(n for _, n, _ in engine._released) == held  # every storage once (tied weights share one)
+    with pytest.raises(RuntimeError, match="released"):
+        engine.generate(rows)
+    engine.materialize()
+    engine.refresh(model)
+    assert not engine.released and all(not t.any() for t in cache)  # the cache comes back zeroed, not garbage
+    torch.manual_seed(3)
+    again, again_logps = engine.generate(rows)
+    assert again == first and again_logps == first_logps
 
 
 def test_refresh_copies_in_place_into_the_bf16_copy(tiny):
@@ -306,6 +337,7 @@ def test_engine_refreshes_after_each_optimizer_step(tmp_path):
     trainer, _, _, _ = one_step(tmp_path, ["train.rollout=engine", "train.max_steps=2"])
     engine = trainer.rollout_engine
     assert engine.synced_step == 1  # the second step's generation saw the first step's weights
+    assert engine.released  # given back after its last round, through TRL's hook
     engine.sync(trainer)  # after step 2: refreshed to the final weights
     for name, param in engine.model.named_parameters():
         expected = dict(trainer.model.named_parameters())[name].detach().to(engine.dtype)
