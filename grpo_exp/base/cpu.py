@@ -54,7 +54,10 @@ def resolve_precision(precision: str) -> str:
     if torch.cuda.is_available():
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return "bf16" if native else "fp32"
+    # ATEN_CPU_CAPABILITY=avx2 (or default) holds torch's own kernels to AVX2, where bf16 is emulated, on any CPU:
+    # such a process is an AVX2-only machine for this choice too (README: the emulated AVX2 runs)
+    held_below_avx512 = torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2")
+    return "bf16" if native and not held_below_avx512 else "fp32"
 
 
 def prepare_env(cpu_cfg) -> None:

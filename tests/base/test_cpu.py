@@ -57,3 +57,15 @@ def test_a_policy_that_comes_too_late_warns_and_changes_nothing(monkeypatch):
 def test_bad_policy_is_a_config_error():
     with pytest.raises(ConfigError, match="cpu.omp_wait_policy='spin'.*default, passive, active"):
         cpu.prepare_env(_cpu_cfg("spin"))
+
+
+def test_precision_auto_is_fp32_where_torch_is_held_to_avx2():
+    """The emulated AVX2-only runs (ATEN_CPU_CAPABILITY=avx2) choose what an AVX2-only CPU chooses, on any CPU."""
+    code = "from grpo_exp.base.cpu import resolve_precision; print(resolve_precision('auto'))"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "fp32"
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    held = torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2")
+    assert cpu.resolve_precision("auto") == ("bf16" if native and not held else "fp32")
