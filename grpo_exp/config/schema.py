@@ -229,8 +229,9 @@ class TrainConfig:
     # auto (autocast under bf16 training, trl in fp32; the default since 2026-11-27: seeds 42, 1, 3 and 2 of the
     # default run scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl)
     logprob_kernel: str = "auto"
-    # Who samples the completions: trl (TRL's `generate`) or engine (training/rollout.py: a rollout copy of the
-    # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance)
+    # Who samples the completions: trl (TRL's `generate`), engine (training/rollout.py: a rollout copy of the
+    # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance), or auto (the
+    # engine on a CPU with native bf16, trl elsewhere)
     rollout: str = "trl"
     rollout_dtype: str = "auto"  # auto: bf16 where the hardware computes it natively, else fp32
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager

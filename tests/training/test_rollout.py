@@ -195,7 +195,8 @@ def test_release_gives_the_memory_back_and_a_refill_samples_as_before(tiny):
     first, first_logps = engine.generate(rows)
     params = list(engine.model.parameters())
     cache = [t for layer in engine._cache.layers for t in (layer.keys, layer.values)]
-    held = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in params + cache}.values())
+    by_storage = {t.untyped_storage().data_ptr(): t for t in params + cache}  # tied weights: one entry
+    held = sum(t.untyped_storage().nbytes() for t in by_storage.values())
     engine.release()
     assert engine.released and all(t.untyped_storage().nbytes() == 0 for t in params + cache)
     assert sum(n for _, n, _ in engine._released) == held  # every storage once (tied weights share one)
