@@ -21,6 +21,7 @@ from grpo_exp.base.io import read_jsonl
 from grpo_exp.core import logprob_head, models
 from grpo_exp.training import shared_prefix
 from tests.conftest import compose_cfg
+from tests.core.test_logprob_head import reference, relative_error  # the fp64 reference the CPU tests use
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.gpu
@@ -109,9 +110,7 @@ def test_the_autocast_head_on_cuda_is_as_close_to_fp64_as_trls():
     n, h, v = 300, 64, 5000
     hidden, weight = torch.randn(n, h, generator=gen), torch.randn(v, h, generator=gen) * 0.3
     targets, grad_logps = torch.randint(0, v, (n,), generator=gen), torch.randn(n, generator=gen)
-    bf = lambda x: x.to(torch.bfloat16).double().requires_grad_()  # noqa: E731 (the inputs autocast rounds)
-    ref_h, ref_w = bf(hidden), bf(weight)
-    ref = torch.log_softmax(ref_h @ ref_w.t() / 0.7, -1).gather(-1, targets[:, None]).squeeze(-1)
+    ref_h, ref_w, _, ref, _ = reference(hidden, weight, None, targets, 0.7, round_to=torch.bfloat16)
     (ref * grad_logps.double()).sum().backward()
 
     def run(kernel):
@@ -121,11 +120,8 @@ def test_the_autocast_head_on_cuda_is_as_close_to_fp64_as_trls():
         (logps * grad_logps.cuda()).sum().backward()
         return logps.detach().cpu(), hc.grad.cpu(), wc.grad.cpu()
 
-    def error(x, r):
-        return ((x.double() - r).norm() / r.norm()).item()
-
     ours, trls = run("autocast"), run("trl")
     # log-probs too: both kernels round the logits GEMM's output to bf16, so neither equals fp64 exactly
     for i, r in ((0, ref.detach()), (1, ref_h.grad), (2, ref_w.grad)):
-        assert error(ours[i], r) < 2 * error(trls[i], r) + 1e-3
-        assert error(ours[i], r) < 1e-2
+        assert relative_error(ours[i], r) < 2 * relative_error(trls[i], r) + 1e-3
+        assert relative_error(ours[i], r) < 1e-2
