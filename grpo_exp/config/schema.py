@@ -242,6 +242,10 @@ class TrainConfig:
     rollout_is_correction: bool = True
     rollout_is_mode: str = "token_truncate"
     rollout_is_cap: float = 3.0
+    # engine: PPO's old log-probs from a scoring forward of the policy (policy, with the correction above) or the
+    # sampler's own (sampler: no forward, no correction); auto: sampler where the copy is exact (an fp32 copy of a
+    # policy trained in fp32), policy elsewhere (training/rollout.py, old_logps_source)
+    rollout_old_logps: str = "auto"
     logging_steps: int = 1
     save_steps: int = MISSING
     save_total_limit: Optional[int] = MISSING
@@ -256,6 +260,7 @@ class TrainConfig:
     ROLLOUT_DTYPES = ("auto", "bf16", "fp32")
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")
     IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+    OLD_LOGPS = ("auto", "policy", "sampler")
 
     @staticmethod
     def check(train: Any) -> None:
@@ -278,6 +283,7 @@ class TrainConfig:
         require_choice("train.rollout_dtype", train.rollout_dtype, TrainConfig.ROLLOUT_DTYPES)
         require_choice("train.rollout_sampler", train.rollout_sampler, TrainConfig.ROLLOUT_SAMPLERS)
         require_choice("train.rollout_is_mode", train.rollout_is_mode, TrainConfig.IS_MODES)
+        require_choice("train.rollout_old_logps", train.rollout_old_logps, TrainConfig.OLD_LOGPS)
         require(train.rollout_compile in ("auto", True, False),
                 f"train.rollout_compile={train.rollout_compile!r} is not valid; choose one of: auto, true, false")
         # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set

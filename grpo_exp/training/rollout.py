@@ -25,6 +25,9 @@ the same distribution with one uniform number per row (tests/training/test_rollo
 Where the copy's dtype differs from the trained policy's, the samples come from a slightly different policy.
 `enable_is_correction` turns on TRL's own truncated importance-sampling correction (the one it applies to vLLM
 rollouts) on the sampler's log-probs, and `mismatch_metrics` logs the mismatch (mean KL, share of clipped tokens).
+Where it does not (an fp32 copy of a policy trained in fp32: AVX2-only CPUs), the sampler's log-probs are the
+policy's own, so they serve as PPO's old log-probs and TRL's extra scoring forward over the round is skipped
+(`old_logps_source`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ CHOICES = ("auto", "trl", "engine")  # train.rollout
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 DTYPES = ("auto", "bf16", "fp32")
 SAMPLERS = ("cdf", "multinomial")
+OLD_LOGPS = ("auto", "policy", "sampler")  # train.rollout_old_logps
 # the cache length is rounded up to this, so prompts of slightly different lengths reuse one compiled step
 _CACHE_BUCKET = 64
 
@@ -74,6 +78,34 @@ def resolve(choice: str) -> str:
 
 def resolve_dtype(name: str) -> torch.dtype:
     return native_dtype() if name == "auto" else {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def old_logps_source(choice: str, rollout_dtype: str, precision: str) -> str:
+    """Where PPO's old log-probs come from on the engine's path (`train.rollout_old_logps`).
+
+    policy: TRL scores the round with the trained policy (one no-grad forward over every completion), and the
+    importance-sampling correction weighs each token by pi_train / pi_sampler. sampler: the sampler's own
+    log-probs are the old log-probs and nothing is corrected (PPO's clipped ratio is then taken against the
+    sampler). auto: sampler where the copy computes exactly what the policy computes (an fp32 copy of a policy
+    trained in fp32, refreshed before the round: the same weights and the same arithmetic, so the same
+    log-probs up to kernel rounding; tests/training/test_rollout.py), policy elsewhere (a bf16 copy differs)."""
+    from grpo_exp.base.cpu import resolve_precision
+
+    if choice != "auto":
+        return choice
+    exact = resolve_dtype(rollout_dtype) == torch.float32 and resolve_precision(precision) == "fp32"
+    return "sampler" if exact else "policy"
+
+
+def padded_logps(rows: list[list[float]], width: int, device) -> torch.Tensor:
+    """Per-completion log-probs as TRL's [batch, completion length] tensor, right-padded with 0 as TRL pads
+    completions (the completion mask hides the padding)."""
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if len(row) > width:
+            raise RuntimeError(f"a completion of {len(row)} tokens does not fit TRL's {width} completion positions")
+        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out.to(device)
 
 
 def compiler_missing() -> str | None:
@@ -170,6 +202,9 @@ class RolloutEngine:
         self.eos = torch.tensor(sorted(set(eos_token_ids)), device=self.device)
         self.pad = int(pad_token_id)
         self.synced_step: int | None = None
+        # train.rollout_old_logps=sampler: the last round's log-probs, until TRL's old-log-prob scoring takes them
+        self.keep_logps = False
+        self.pending_logps: list[list[float]] | None = None
         self._cache = None  # (batch, max_len) -> StaticCache, kept so the compiled step sees the same tensors
         self._cache_key: tuple[int, int] | None = None
         self._max_len = 0
@@ -407,6 +442,8 @@ class RolloutEngine:
         with torch.autocast(device_type=device_type, enabled=False):  # the copy computes in its own dtype
             completion_ids, logprobs = self.generate(prompt_ids)
         self.release()  # until the next round: the training step comes next
+        if self.keep_logps:
+            self.pending_logps = logprobs
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
 
@@ -485,6 +522,12 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
         pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler,
         min_new_tokens=(trainer.args.generation_kwargs or {}).get("min_new_tokens", 0))
     trainer.rollout_func = engine.rollout
-    if trainer.args.vllm_importance_sampling_correction:
+    source = old_logps_source(train_cfg.rollout_old_logps, train_cfg.rollout_dtype, train_cfg.precision)
+    if source == "sampler":
+        engine.keep_logps = True
+        logger.info("train.rollout_old_logps=%s: PPO's old log-probs are the sampler's (%s copy); TRL's scoring "
+                    "forward over each round is skipped and no importance weights apply", train_cfg.rollout_old_logps,
+                    str(engine.dtype).replace("torch.", ""))
+    elif trainer.args.vllm_importance_sampling_correction:
         enable_is_correction(trainer)
     return engine

@@ -33,7 +33,8 @@ logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
 _NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "logprob_kernel", "rollout", "rollout_dtype",
-                    "rollout_compile", "rollout_sampler", "rollout_is_correction", "rollout_is_mode", "rollout_is_cap"}
+                    "rollout_compile", "rollout_sampler", "rollout_is_correction", "rollout_is_mode", "rollout_is_cap",
+                    "rollout_old_logps"}
 
 
 class LossTerm(Protocol):
@@ -55,8 +56,11 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
     if "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:  # older releases lack it
         kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
     if rollout.resolve(values.get("rollout", "trl")) == "engine":
-        # TRL's importance-sampling correction of vLLM rollouts, which the engine turns on (training/rollout.py)
-        kwargs.update(vllm_importance_sampling_correction=values["rollout_is_correction"],
+        # TRL's importance-sampling correction of vLLM rollouts, which the engine turns on (training/rollout.py);
+        # with the sampler's log-probs as the old ones there is nothing to weigh against
+        from_policy = rollout.old_logps_source(values["rollout_old_logps"], values["rollout_dtype"],
+                                               precision) == "policy"
+        kwargs.update(vllm_importance_sampling_correction=values["rollout_is_correction"] and from_policy,
                       vllm_importance_sampling_mode=values["rollout_is_mode"],
                       vllm_importance_sampling_clip_max=values["rollout_is_cap"])
     kwargs.update(extra)
@@ -157,7 +161,17 @@ class GrpoExpTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **model_kwargs):
-        """TRL's scoring forward, with each distinct prompt run once per chunk (train.shared_prefix)."""
+        """TRL's scoring forward, with each distinct prompt run once per chunk (train.shared_prefix).
+
+        With train.rollout_old_logps=sampler, TRL's no-grad scoring of the round by the policy (its old
+        log-probs) takes the engine's sampling log-probs instead of a forward."""
+        engine = self.rollout_engine
+        if (engine is not None and engine.pending_logps is not None and model is self.model
+                and not torch.is_grad_enabled() and not compute_entropy):
+            rows, engine.pending_logps = engine.pending_logps, None
+            if len(rows) != input_ids.size(0):
+                raise RuntimeError(f"the rollout returned {len(rows)} completions; TRL scores {input_ids.size(0)}")
+            return rollout.padded_logps(rows, logits_to_keep, input_ids.device), None, None
         # Gradient checkpointing drops the KV cache the completions need; TRL itself turns it off under no_grad.
         checkpointing = model.training and torch.is_grad_enabled() and shared_prefix.checkpointing(model)
         if (not self.share_prefixes or checkpointing or compute_aux_loss
@@ -182,7 +196,10 @@ class GrpoExpTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         """TRL's; with the rollout engine, the sampler's mismatch with the trained policy is logged every round."""
         output = super()._generate_and_score_completions(inputs)
-        if self.rollout_engine is not None and "old_per_token_logps" in output:
+        if self.rollout_engine is not None:
+            self.rollout_engine.pending_logps = None  # unused when TRL needed no old log-probs this round
+        # (with the sampler's log-probs as the old ones the mismatch is 0 by construction: not logged)
+        if self.rollout_engine is not None and not self.rollout_engine.keep_logps and "old_per_token_logps" in output:
             mask = output["completion_mask"]
             stats = rollout.mismatch_metrics(output["old_per_token_logps"], output["sampling_per_token_logps"], mask,
                                              self.args.vllm_importance_sampling_mode,

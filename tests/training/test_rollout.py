@@ -334,6 +334,43 @@ def test_correction_off_leaves_trls_loss_unweighted(tmp_path):
     assert "sampling_per_token_logps" in seen[0] and moved and math.isfinite(losses[0])
 
 
+EXACT_COPY = ["train.rollout=engine", "train.rollout_dtype=fp32", "train.precision=fp32", "train.max_steps=2",
+              "train.steps_per_generation=2"]  # two steps per round: TRL needs old log-probs for the second
+
+
+def test_an_exact_copys_log_probs_stand_in_for_trls_scoring_forward(tmp_path):
+    """fp32 copy, fp32 policy: rollout_old_logps=auto takes the sampler's log-probs as PPO's old ones, and they
+    are what TRL's scoring forward computes (the same round, drawn under the same seed, scored by the policy)."""
+    trainer, seen, losses, moved = one_step(tmp_path / "sampler", EXACT_COPY)
+    assert trainer.rollout_engine.keep_logps and not trainer.use_vllm
+    first = seen[0]
+    mask = first["completion_mask"].bool()
+    assert "importance_sampling_ratio" not in first and "rollout/kl" not in trainer.state.log_history[0]
+    assert torch.equal(first["old_per_token_logps"][mask], first["sampling_per_token_logps"][mask])
+    assert trainer.rollout_engine.pending_logps is None  # taken by the scoring it replaced
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses) and moved
+
+    scored, seen_p, losses_p, _ = one_step(tmp_path / "policy", [*EXACT_COPY, "train.rollout_old_logps=policy"])
+    assert not scored.rollout_engine.keep_logps and scored.use_vllm  # the forward, and TRL's correction
+    assert torch.equal(seen_p[0]["completion_ids"], first["completion_ids"])
+    torch.testing.assert_close(seen_p[0]["old_per_token_logps"][mask], first["old_per_token_logps"][mask],
+                               atol=1e-4, rtol=1e-4)
+    assert losses_p == pytest.approx(losses, rel=1e-3, abs=1e-5)
+
+
+@pytest.mark.parametrize("choice,dtype,precision,expected", [
+    ("auto", "fp32", "fp32", "sampler"), ("auto", "bf16", "fp32", "policy"), ("auto", "fp32", "bf16", "policy"),
+    ("policy", "fp32", "fp32", "policy"), ("sampler", "bf16", "bf16", "sampler")])
+def test_old_log_probs_come_from_the_sampler_only_where_the_copy_is_exact(choice, dtype, precision, expected):
+    assert rollout.old_logps_source(choice, dtype, precision) == expected
+
+
+def test_a_bf16_copy_keeps_trls_scoring_and_correction(tmp_path):
+    trainer, seen, _, _ = one_step(tmp_path, ["train.rollout=engine", "train.rollout_dtype=bf16",
+                                              "train.precision=fp32"])
+    assert not trainer.rollout_engine.keep_logps and "importance_sampling_ratio" in seen[0]
+
+
 def test_engine_refreshes_after_each_optimizer_step(tmp_path):
     trainer, _, _, _ = one_step(tmp_path, ["train.rollout=engine", "train.max_steps=2"])
     engine = trainer.rollout_engine
@@ -376,6 +413,7 @@ def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp
     ("train.rollout_is_mode=token", "train.rollout_is_mode='token' is not valid"),
     ("train.rollout_is_cap=0.5", "train.rollout_is_cap=0.5 must be"),
     ("train.rollout_compile=maybe", "train.rollout_compile='maybe' is not valid"),
+    ("train.rollout_old_logps=vllm", "train.rollout_old_logps='vllm' is not valid; choose one of: auto, policy, sampler"),
     ("train.rollout=engine,train.loss_type=vespo,train.rollout_is_mode=sequence_mask",
      "train.loss_type=vespo needs a token-level train.rollout_is_mode"),
     # auto is held to the engine's rules on every machine, so a config valid on one machine is valid on all
