@@ -202,7 +202,8 @@ class RolloutEngine:
         self.eos = torch.tensor(sorted(set(eos_token_ids)), device=self.device)
         self.pad = int(pad_token_id)
         self.synced_step: int | None = None
-        # train.rollout_old_logps=sampler: the last round's log-probs, until TRL's old-log-prob scoring takes them
+        # train.rollout_old_logps=sampler: the last round's log-probs under the policy (tempered, unfiltered),
+        # until TRL's old-log-prob scoring takes them
         self.keep_logps = False
         self.pending_logps: list[list[float]] | None = None
         self._cache = None  # (batch, max_len) -> StaticCache, kept so the compiled step sees the same tensors
@@ -396,12 +397,21 @@ class RolloutEngine:
         t1 = time.perf_counter()
         tokens = torch.full((rows, self.max_new_tokens), self.pad, dtype=torch.long, device=self.device)
         logps = torch.zeros((rows, self.max_new_tokens), dtype=torch.float32, device=self.device)
+        # keep_logps: the policy's plain tempered log-probs of the drawn tokens, which PPO's old log-probs are
+        # (TRL scores without top-k, top-p or min_new_tokens); the sampling ones above are renormalised over the
+        # tokens those filters keep, so they differ wherever a filter removed mass
+        filtered = self.top_k > 0 or self.top_p < 1.0 or self.min_new_tokens > 0
+        policy_logps = torch.zeros_like(logps) if self.keep_logps and filtered else logps
         unfinished = torch.ones(rows, dtype=torch.bool, device=self.device)
         steps = 0
         for t in range(self.max_new_tokens):
+            unfiltered = logits
             if t < self.min_new_tokens:
                 logits = logits.index_fill(1, self.eos, -float("inf"))
             token, logp = self._sample(logits, generator)
+            if policy_logps is not logps:
+                policy_logps[:, t] = torch.log_softmax(unfiltered / self.temperature, -1).gather(
+                    1, token[:, None]).squeeze(1)
             token = torch.where(unfinished, token, self.pad)  # finished rows continue with padding, as generate's
             tokens[:, t], logps[:, t] = token, logp
             steps = t + 1
@@ -418,6 +428,9 @@ class RolloutEngine:
         lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.tensor(steps))
         completion_ids = [tokens[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
         completion_logps = [logps[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
+        if self.keep_logps:
+            kept = policy_logps[:, :steps].cpu()
+            self.pending_logps = [kept[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
         return completion_ids, completion_logps
 
     def _call_step(self, token, position, attention, cache) -> torch.Tensor:
@@ -442,8 +455,6 @@ class RolloutEngine:
         with torch.autocast(device_type=device_type, enabled=False):  # the copy computes in its own dtype
             completion_ids, logprobs = self.generate(prompt_ids)
         self.release()  # until the next round: the training step comes next
-        if self.keep_logps:
-            self.pending_logps = logprobs
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
 

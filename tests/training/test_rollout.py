@@ -338,24 +338,31 @@ EXACT_COPY = ["train.rollout=engine", "train.rollout_dtype=fp32", "train.precisi
               "train.steps_per_generation=2"]  # two steps per round: TRL needs old log-probs for the second
 
 
-def test_an_exact_copys_log_probs_stand_in_for_trls_scoring_forward(tmp_path):
+@pytest.mark.parametrize("sampling", [[], ["train.top_k=5", "train.top_p=0.9"]], ids=["unfiltered", "top_k_p"])
+def test_an_exact_copys_log_probs_stand_in_for_trls_scoring_forward(tmp_path, sampling):
     """fp32 copy, fp32 policy: rollout_old_logps=auto takes the sampler's log-probs as PPO's old ones, and they
-    are what TRL's scoring forward computes (the same round, drawn under the same seed, scored by the policy)."""
-    trainer, seen, losses, moved = one_step(tmp_path / "sampler", EXACT_COPY)
+    are what TRL's scoring forward computes (the same round, drawn under the same seed, scored by the policy):
+    the policy's tempered log-probs, not the renormalised ones top-k/top-p sampled from."""
+    trainer, seen, losses, moved = one_step(tmp_path / "sampler", [*EXACT_COPY, *sampling])
     assert trainer.rollout_engine.keep_logps and not trainer.use_vllm
     first = seen[0]
     mask = first["completion_mask"].bool()
     assert "importance_sampling_ratio" not in first and "rollout/kl" not in trainer.state.log_history[0]
-    assert torch.equal(first["old_per_token_logps"][mask], first["sampling_per_token_logps"][mask])
+    if not sampling:  # unfiltered: the sampling log-probs themselves
+        assert torch.equal(first["old_per_token_logps"][mask], first["sampling_per_token_logps"][mask])
+    else:  # the filters removed mass: sampling log-probs are higher than the policy's
+        assert (first["sampling_per_token_logps"][mask] > first["old_per_token_logps"][mask] + 1e-3).any()
     assert trainer.rollout_engine.pending_logps is None  # taken by the scoring it replaced
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses) and moved
 
-    scored, seen_p, losses_p, _ = one_step(tmp_path / "policy", [*EXACT_COPY, "train.rollout_old_logps=policy"])
+    scored, seen_p, losses_p, _ = one_step(tmp_path / "policy",
+                                           [*EXACT_COPY, *sampling, "train.rollout_old_logps=policy"])
     assert not scored.rollout_engine.keep_logps and scored.use_vllm  # the forward, and TRL's correction
     assert torch.equal(seen_p[0]["completion_ids"], first["completion_ids"])
     torch.testing.assert_close(seen_p[0]["old_per_token_logps"][mask], first["old_per_token_logps"][mask],
                                atol=1e-4, rtol=1e-4)
-    assert losses_p == pytest.approx(losses, rel=1e-3, abs=1e-5)
+    if not sampling:  # (with filters TRL's correction weighs the policy run's loss by the kept mass)
+        assert losses_p == pytest.approx(losses, rel=1e-3, abs=1e-5)
 
 
 @pytest.mark.parametrize("choice,dtype,precision,expected", [
