@@ -231,7 +231,7 @@ class TrainConfig:
     logprob_kernel: str = "auto"
     # Who samples the completions: trl (TRL's `generate`), engine (training/rollout.py: a rollout copy of the
     # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance), or auto (the
-    # engine on a CPU with native bf16, trl elsewhere)
+    # engine on a CPU: a bf16 copy where bf16 is native, an exact fp32 copy elsewhere; trl on CUDA)
     rollout: str = "trl"
     rollout_dtype: str = "auto"  # auto: bf16 where the hardware computes it natively, else fp32
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager

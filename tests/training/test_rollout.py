@@ -397,9 +397,9 @@ def test_what_the_engine_cannot_serve_falls_back_to_trl(tmp_path, caplog):
     assert math.isfinite(losses[0])
 
 
-@pytest.mark.parametrize("native,cuda,expected", [(torch.bfloat16, False, "engine"), (torch.float32, False, "trl"),
+@pytest.mark.parametrize("native,cuda,expected", [(torch.bfloat16, False, "engine"), (torch.float32, False, "engine"),
                                                    (torch.bfloat16, True, "trl")])
-def test_auto_takes_the_engine_only_on_a_cpu_with_native_bf16(monkeypatch, native, cuda, expected):
+def test_auto_takes_the_engine_on_a_cpu_and_trl_on_cuda(monkeypatch, native, cuda, expected):
     monkeypatch.setattr(rollout, "native_dtype", lambda: native)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     assert rollout.resolve("auto") == expected
@@ -407,11 +407,13 @@ def test_auto_takes_the_engine_only_on_a_cpu_with_native_bf16(monkeypatch, nativ
 
 
 def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp_path):
-    """On this machine: the engine where bf16 is native (with TRL's correction on), TRL's `generate` elsewhere."""
+    """On this machine: the engine on a CPU (TRL's correction on for a bf16 copy, off for an exact fp32 one),
+    TRL's `generate` on CUDA."""
     trainer, seen, losses, moved = one_step(tmp_path, ["train.rollout=auto"])
     engine_expected = rollout.resolve("auto") == "engine"
     assert (trainer.rollout_engine is not None) == engine_expected
-    assert ("importance_sampling_ratio" in seen[0]) == engine_expected
+    corrected = engine_expected and rollout.native_dtype() == torch.bfloat16
+    assert ("importance_sampling_ratio" in seen[0]) == corrected
     assert losses and math.isfinite(losses[0]) and moved
 
 
