@@ -402,7 +402,8 @@ class RolloutEngine:
         # (TRL scores without top-k, top-p or min_new_tokens); the sampling ones above are renormalised over the
         # tokens those filters keep, so they differ wherever a filter removed mass
         filtered = self.top_k > 0 or self.top_p < 1.0 or self.min_new_tokens > 0
-        policy_logps = torch.zeros_like(logps) if self.keep_logps and filtered else logps
+        score_unfiltered = self.keep_logps and filtered
+        policy_logps = torch.zeros_like(logps) if score_unfiltered else None
         unfinished = torch.ones(rows, dtype=torch.bool, device=self.device)
         steps = 0
         for t in range(self.max_new_tokens):
@@ -410,7 +411,7 @@ class RolloutEngine:
             if t < self.min_new_tokens:
                 logits = logits.index_fill(1, self.eos, -float("inf"))
             token, logp = self._sample(logits, generator)
-            if policy_logps is not logps:
+            if score_unfiltered:
                 policy_logps[:, t] = torch.log_softmax(unfiltered / self.temperature, -1).gather(
                     1, token[:, None]).squeeze(1)
             token = torch.where(unfinished, token, self.pad)  # finished rows continue with padding, as generate's
@@ -429,9 +430,11 @@ class RolloutEngine:
         lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.tensor(steps))
         completion_ids = [tokens[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
         completion_logps = [logps[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
-        if self.keep_logps:
+        if score_unfiltered:
             kept = policy_logps[:, :steps].cpu()
             self.pending_logps = [kept[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
+        elif self.keep_logps:  # nothing filtered: the sampling log-probs are the policy's
+            self.pending_logps = completion_logps
         return completion_ids, completion_logps
 
     def _call_step(self, token, position, attention, cache) -> torch.Tensor:
