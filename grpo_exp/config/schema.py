@@ -220,9 +220,10 @@ class TrainConfig:
     # Score each distinct prompt once per batch instead of once per completion (training/shared_prefix.py):
     # the same log-probs and gradients as TRL's forward, with less work. Off when gradient checkpointing is on.
     shared_prefix: bool = True
-    # The trained policy's attention: sdpa or eager (transformers' own), or grouped (core/attention.py: query
-    # heads grouped by the key/value head they share; a shorter step on CPUs, not the default: see there)
-    attention: str = "sdpa"
+    # The trained policy's attention: sdpa or eager (transformers' own), grouped (core/attention.py: query
+    # heads grouped by the key/value head they share; a shorter step on CPUs), or auto (grouped on a CPU, sdpa
+    # on CUDA; the default, chosen with the rollout engine below: README, "How the default was chosen")
+    attention: str = "auto"
     # The LM head's log-probs in the shared-prefix scoring: trl (TRL's chunked kernel; on a CPU its gradient
     # GEMMs run in fp32), autocast (core/logprob_head.py: the same forward, gradient GEMMs in the autocast
     # dtype as for every other layer; a 25% shorter default step with native bf16; README, Performance), or
@@ -231,8 +232,9 @@ class TrainConfig:
     logprob_kernel: str = "auto"
     # Who samples the completions: trl (TRL's `generate`), engine (training/rollout.py: a rollout copy of the
     # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance), or auto (the
-    # engine on a CPU: a bf16 copy where bf16 is native, an exact fp32 copy elsewhere; trl on CUDA)
-    rollout: str = "trl"
+    # engine on a CPU: a bf16 copy where bf16 is native, an exact fp32 copy elsewhere; trl on CUDA; the default:
+    # it brings the default run under its 20-minute budget on slower-memory CPUs, README, "The default run")
+    rollout: str = "auto"
     rollout_dtype: str = "auto"  # auto: bf16 where the hardware computes it natively, else fp32
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
     # cdf: one uniform number per row (fast); multinomial: generate's draws (the same tokens under the same seed)
@@ -255,7 +257,7 @@ class TrainConfig:
     LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
     REWARD_SCALINGS = ("group", "batch", "none")
     ROLLOUTS = ("auto", "trl", "engine")
-    ATTENTIONS = ("sdpa", "grouped", "eager")
+    ATTENTIONS = ("auto", "sdpa", "grouped", "eager")
     LOGPROB_KERNELS = ("auto", "trl", "autocast")
     ROLLOUT_DTYPES = ("auto", "bf16", "fp32")
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")

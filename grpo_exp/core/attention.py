@@ -7,9 +7,11 @@ attention), trained the default model's 8 x 120-token scoring pass (forward and 
 threads) in 1.43 s against 1.78 s for sdpa and 1.47 s for eager, and 3.88 s against 4.26 / 4.36 s at 256
 tokens (README, Performance). The same function serves the rollout engine's static-cache decoding.
 
-It is not the default for training (train.attention=sdpa): the default run with it scored 0.250 where sdpa
-scored 0.485, with greedy generation token-for-token the same and the same log-prob error under bf16 autocast,
-so the run's result is that sensitive to rounding, and the default keeps the path it was measured on.
+`train.attention=auto` (the default since 2026-11-27, later) takes it on a CPU and transformers' sdpa on CUDA,
+where fused attention kernels are the fast path. A run's result is sensitive to such rounding changes: without
+the basic stage's KL penalty, seed 42 of the default run scored 0.250 with it where sdpa scored 0.485, greedy
+generation token-for-token the same; with the penalty and the rollout engine, seeds were scored again before it
+became the default (README, "How the default was chosen").
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ from grpo_exp.base import log
 logger = log.get_logger(__name__)
 
 GROUPED = "grpo_grouped"
-# train.attention's choices: sdpa and eager are transformers' own
-CHOICES = ("sdpa", "grouped", "eager")
+# train.attention's choices: sdpa and eager are transformers' own; auto resolves by machine (resolve)
+CHOICES = ("auto", "sdpa", "grouped", "eager")
+
+
+def resolve(choice: str) -> str:
+    """What `train.attention=auto` takes: grouped on a CPU, sdpa where CUDA is (as train.rollout=auto decides)."""
+    if choice != "auto":
+        return choice
+    return "sdpa" if torch.cuda.is_available() else "grouped"
 
 
 def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -49,6 +58,7 @@ def use(model: torch.nn.Module, choice: str) -> str | None:
     this transformers release cannot take it (the model keeps its own, logged)."""
     if choice not in CHOICES:
         raise ValueError(f"unknown attention {choice!r}; choose one of {', '.join(CHOICES)}")
+    choice = resolve(choice)
     name = GROUPED if choice == "grouped" else choice
     try:
         if name == GROUPED:

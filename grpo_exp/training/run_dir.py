@@ -86,8 +86,8 @@ def record_or_compare(cfg: Any, run_dir: Path) -> None:
         write_json(path, now)
         return
     then = json.loads(path.read_text())
-    # options added to the schema after the run started, left at their defaults, train as the run did
-    newer = {k for k in set(now) - set(then) if _schema_default(k) == now[k]}
+    # options added to the schema after the run started, left at what the run did without them, train as it did
+    newer = {k for k in set(now) - set(then) if BEFORE_THE_OPTION.get(k, _schema_default(k)) == now[k]}
     changed = [f"{k} ({then.get(k, '<unset>')!r} -> {now.get(k, '<unset>')!r})"
                for k in sorted((set(then) | set(now)) - newer) if then.get(k) != now.get(k)]
     if not changed:
@@ -101,6 +101,9 @@ def record_or_compare(cfg: Any, run_dir: Path) -> None:
 
 
 _NO_DEFAULT = object()
+# Options whose default changed after they were added: a run recorded before the option existed trained as
+# this value does, not as today's default (train.rollout: TRL's generate until the engine became `auto`'s)
+BEFORE_THE_OPTION = {"train.rollout": "trl"}
 
 
 def _schema_default(key: str) -> Any:

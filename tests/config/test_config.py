@@ -128,6 +128,16 @@ def test_recipe_sweeps_name_ablations_that_compose(experiment, tmp_path):
         assert (name == "none") == (not changed and job.reward == default.reward and job.stage == default.stage), name
 
 
+def test_the_default_samples_with_the_engine_and_rollout_trl_gives_the_earlier_path(tmp_path):
+    # README, "How the default was chosen": the engine and grouped attention (each `auto`: by machine) became
+    # the default; ablation=rollout_trl reproduces every figure measured before, through TRL's generate and sdpa
+    default = compose_cfg(["stage=basic"], tmp_path).train
+    assert (default.rollout, default.attention) == ("auto", "auto")
+    earlier = compose_cfg(["stage=basic", "ablation=rollout_trl"], tmp_path).train
+    assert (earlier.rollout, earlier.attention) == ("trl", "sdpa")
+    assert {k for k in default if default[k] != earlier[k]} == {"rollout", "attention"}
+
+
 def test_basic_stage_has_a_kl_penalty_and_beta_0_turns_it_off(tmp_path):
     # README, "How the default was chosen": the basic stage's own setting, chosen over seeds; the later
     # stages were measured without it and keep TRL's beta 0 (conf/train/default.yaml)

@@ -64,13 +64,25 @@ def test_greedy_generation_is_the_same_with_grouped_attention(tmp_path):
 def test_bad_choices_are_named(tmp_path):
     cfg = compose_cfg(["debug=smoke"], tmp_path)
     model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
-    with pytest.raises(ValueError, match="unknown attention 'flash'; choose one of sdpa, grouped, eager"):
+    with pytest.raises(ValueError, match="unknown attention 'flash'; choose one of auto, sdpa, grouped, eager"):
         attention.use(model, "flash")
 
 
-@pytest.mark.parametrize("choice,expected", [("grouped", attention.GROUPED), ("sdpa", "sdpa")])
+@pytest.mark.parametrize("cuda,expected", [(False, "grouped"), (True, "sdpa")])
+def test_auto_takes_grouped_on_a_cpu_and_sdpa_on_cuda(monkeypatch, cuda, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert attention.resolve("auto") == expected
+    assert [attention.resolve(c) for c in ("sdpa", "grouped", "eager")] == ["sdpa", "grouped", "eager"]
+
+
+# None: the default (train.attention=auto), which resolves by machine
+@pytest.mark.parametrize("choice,expected", [("grouped", attention.GROUPED), ("sdpa", "sdpa"), (None, None)])
 def test_the_trainer_gives_the_policy_the_chosen_attention(tmp_path, spread_reward, choice, expected):
-    cfg = compose_cfg(["debug=smoke", "train.max_steps=1", f"train.attention={choice}", *spread_reward], tmp_path)
+    chosen = [f"train.attention={choice}"] if choice else []
+    cfg = compose_cfg(["debug=smoke", "train.max_steps=1", *chosen, *spread_reward], tmp_path)
+    assert cfg.train.attention == (choice or "auto")
+    if expected is None:
+        expected = attention.GROUPED if attention.resolve("auto") == "grouped" else "sdpa"
     trainer, _, losses, moved = train_briefly(cfg)
     assert trainer.model.config._attn_implementation == expected
     assert math.isfinite(losses[0]) and moved

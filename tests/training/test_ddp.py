@@ -41,6 +41,10 @@ RUN = ["debug=smoke", "logger=none", "reward.funcs=[vowel_fraction]", "reward.we
 # the same global batch: 2 processes x 2 completions per step, or 1 process x 4
 TWO = [*RUN, "cpu.threads=2", "train.per_device_train_batch_size=2"]
 ONE = [*RUN, "cpu.threads=1", "train.per_device_train_batch_size=4"]
+# The comparisons with one process sample through TRL's `generate`, which GRPO_EXP_TEST_ROW_SEEDED seeds per
+# row; the default path (the rollout engine on a CPU) draws from each process's own stream, as TRL's does
+# unseeded, and is trained by the `two` run
+TRL_PATH = ["train.rollout=trl"]
 PARAM_ATOL = 2e-5
 FISHER_RTOL = 1e-4
 
@@ -82,9 +86,18 @@ def two(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def two_trl(tmp_path_factory):
+    """The 2-process run through TRL's `generate`, row-seeded, to compare with `one`."""
+    cwd = tmp_path_factory.mktemp("two_trl")
+    proc = _torchrun(cwd, [*TWO, *TRL_PATH, f"hydra.run.dir={cwd / 'run'}"], dump=cwd / "dump")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return cwd / "run", cwd / "dump", proc
+
+
+@pytest.fixture(scope="module")
 def one(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("one")
-    proc = _single(cwd, [*ONE, f"hydra.run.dir={cwd / 'run'}"], dump=cwd / "dump")
+    proc = _single(cwd, [*ONE, *TRL_PATH, f"hydra.run.dir={cwd / 'run'}"], dump=cwd / "dump")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return cwd / "run", cwd / "dump"
 
@@ -103,8 +116,8 @@ def test_both_ranks_hold_identical_parameters(two):
     assert any(not torch.equal(initial[n], v) for n, v in rank0.items() if n in initial)  # training moved them
 
 
-def test_two_processes_match_one_process_with_the_same_global_batch(two, one):
-    (run2, dump2, _), (run1, dump1) = two, one
+def test_two_processes_match_one_process_with_the_same_global_batch(two_trl, one):
+    (run2, dump2, _), (run1, dump1) = two_trl, one
     p2, p1 = _params(dump2), _params(dump1)
     worst = max((p2[n] - p1[n]).abs().max().item() for n in p1)
     assert worst <= PARAM_ATOL, f"parameters differ by {worst:.2e} (tolerance {PARAM_ATOL:.0e})"
@@ -140,14 +153,14 @@ def test_rank0_alone_writes_the_run_files(two):
     assert proc.stdout.count("| set (n) |") == 1
 
 
-def test_the_fisher_of_two_processes_is_the_one_process_estimate(two, one, tmp_path):
+def test_the_fisher_of_two_processes_is_the_one_process_estimate(two_trl, one, tmp_path):
     """Each rank sampled and differentiated its share of the Fisher's batches; the all-reduced estimate is
     the one a single process computes on the same model (rank 0's model/), and the one-process run's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo_exp.training.stage import consolidate_fisher, stage_examples
 
-    run_dir, _, _ = two
+    run_dir, _, _ = two_trl
     got = load_file(str(run_dir / "fisher.safetensors"))
     cfg = compose_cfg([*ONE], tmp_path)
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")

@@ -391,13 +391,17 @@ def test_soak_five_sigkills_at_random_points_end_where_an_uninterrupted_run_ends
 
 
 def test_resume_of_a_run_older_than_an_option_left_at_its_default(tmp_path):
-    """A run started before train.rollout existed trained with TRL's generation, which the default keeps;
-    resuming it is not a change, but choosing the new option is."""
+    """A run started before train.rollout existed trained with TRL's generation: resuming it with that path
+    named is not a change, but with today's default (auto: the engine on a CPU) or the engine it is."""
     from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
 
     cfg = compose_cfg(["debug=smoke"], tmp_path)
-    recorded = {k: v for k, v in training_settings(cfg).items() if not k.startswith("train.rollout")}
+    recorded = {k: v for k, v in training_settings(cfg).items() if k != "train.rollout"}
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
-    record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
-    with pytest.raises(ConfigError, match=r"train.rollout \('<unset>' -> 'engine'\)"):
-        record_or_compare(compose_cfg(["debug=smoke", "resume=true", "train.rollout=engine"], tmp_path), tmp_path)
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true", "train.rollout=trl"], tmp_path), tmp_path)
+    for choice in ("auto", "engine"):
+        with pytest.raises(ConfigError, match=rf"train.rollout \('<unset>' -> '{choice}'\)"):
+            record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"train.rollout={choice}"], tmp_path),
+                              tmp_path)
+    with pytest.raises(ConfigError, match=r"train.rollout \('<unset>' -> 'auto'\)"):  # the default
+        record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
