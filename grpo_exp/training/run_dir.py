@@ -102,8 +102,10 @@ def record_or_compare(cfg: Any, run_dir: Path) -> None:
 
 _NO_DEFAULT = object()
 # Options whose default changed after they were added: a run recorded before the option existed trained as
-# this value does, not as today's default (train.rollout: TRL's generate until the engine became `auto`'s)
-BEFORE_THE_OPTION = {"train.rollout": "trl"}
+# this value does, not as today's default. train.rollout: TRL's generate until the engine became `auto`'s;
+# train.attention: the model's own sdpa before the option (grouped is auto's on a CPU); train.logprob_kernel:
+# TRL's kernel, its first default
+BEFORE_THE_OPTION = {"train.rollout": "trl", "train.attention": "sdpa", "train.logprob_kernel": "trl"}
 
 
 def _schema_default(key: str) -> Any:

@@ -405,3 +405,16 @@ def test_resume_of_a_run_older_than_an_option_left_at_its_default(tmp_path):
                               tmp_path)
     with pytest.raises(ConfigError, match=r"train.rollout \('<unset>' -> 'auto'\)"):  # the default
         record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
+
+
+@pytest.mark.parametrize("key,before", [("train.attention", "sdpa"), ("train.logprob_kernel", "trl")])
+def test_resume_of_a_run_older_than_an_option_whose_default_changed(tmp_path, key, before):
+    """A run recorded before the option existed trained as its first behaviour did (sdpa; TRL's kernel), not
+    as today's default `auto`: naming that behaviour resumes it, the default is a change."""
+    from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
+
+    recorded = {k: v for k, v in training_settings(compose_cfg(["debug=smoke"], tmp_path)).items() if k != key}
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"{key}={before}"], tmp_path), tmp_path)
+    with pytest.raises(ConfigError, match=rf"{key} \('<unset>' -> 'auto'\)"):
+        record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
