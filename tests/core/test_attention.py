@@ -76,13 +76,15 @@ def test_auto_takes_grouped_on_a_cpu_and_sdpa_on_cuda(monkeypatch, cuda, expecte
 
 
 # None: the default (train.attention=auto), which resolves by machine
-@pytest.mark.parametrize("choice,expected", [("grouped", attention.GROUPED), ("sdpa", "sdpa"), (None, None)])
+ON_THIS_MACHINE = attention.GROUPED if attention.resolve("auto") == "grouped" else "sdpa"
+
+
+@pytest.mark.parametrize("choice,expected", [("grouped", attention.GROUPED), ("sdpa", "sdpa"),
+                                             (None, ON_THIS_MACHINE)])
 def test_the_trainer_gives_the_policy_the_chosen_attention(tmp_path, spread_reward, choice, expected):
     chosen = [f"train.attention={choice}"] if choice else []
     cfg = compose_cfg(["debug=smoke", "train.max_steps=1", *chosen, *spread_reward], tmp_path)
     assert cfg.train.attention == (choice or "auto")
-    if expected is None:
-        expected = attention.GROUPED if attention.resolve("auto") == "grouped" else "sdpa"
     trainer, _, losses, moved = train_briefly(cfg)
     assert trainer.model.config._attn_implementation == expected
     assert math.isfinite(losses[0]) and moved
