@@ -61,6 +61,31 @@ def test_greedy_generation_is_the_same_with_grouped_attention(tmp_path):
     assert torch.equal(runs["grouped"], runs["eager"])
 
 
+def test_a_decoding_step_through_grouped_attention_equals_eager(tmp_path):
+    """One query per row after a padded prefix in the cache: the layout the rollout engine decodes with."""
+    from transformers import DynamicCache
+
+    cfg = compose_cfg(["debug=smoke"], tmp_path)
+    model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    torch.manual_seed(2)
+    ids = torch.randint(5, model.config.vocab_size, (3, 10))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    mask[2, :5] = 0
+    step = torch.randint(5, model.config.vocab_size, (3, 1))
+    logits = {}
+    for choice in ("eager", "grouped"):
+        attention.use(model, choice)
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+            full = torch.cat([mask, torch.ones_like(step)], 1)
+            logits[choice] = model(input_ids=step, attention_mask=full, past_key_values=cache,
+                                   use_cache=True).logits
+    assert logits["eager"].shape[1] == 1
+    torch.testing.assert_close(logits["grouped"], logits["eager"], rtol=1e-5, atol=1e-5)
+
+
 def test_bad_choices_are_named(tmp_path):
     cfg = compose_cfg(["debug=smoke"], tmp_path)
     model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
