@@ -1,7 +1,10 @@
-"""Where decoding time goes: time `generate` as GRPO samples (temperature 1, no top-k/top-p) and list
-the top torch ops, plus the LM head's achieved weight bandwidth against a plain memory read.
+"""Where decoding time goes: time a decoding round as GRPO samples (temperature 1, no top-k/top-p, every
+sequence forced to --tokens) through transformers' `generate` (TRL's path) or grpo-exp's rollout engine, and
+list the top torch ops (for the engine's compiled step, inductor's kernels by name), plus the LM head's achieved
+weight bandwidth against a plain memory read.
 
-    grpo-profile                          # default model, 8 sequences x 64 tokens, 2 threads
+    grpo-profile                          # generate: default model, 8 sequences x 64 tokens, 2 threads
+    grpo-profile --path engine --batch 16 --repeats 5
     grpo-profile --batch 32 --threads 1
     grpo-profile --model tiny_random --tokens 4 --out /tmp/prof
 
@@ -11,6 +14,7 @@ Writes profile.md and profile.json into --out (default outputs/profile_generatio
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,25 +51,33 @@ def run(args) -> int:
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def generate() -> float:
-        torch.manual_seed(0)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            model.generate(**enc, max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=True,
-                           temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad)
-        return time.perf_counter() - t0
+    if args.path == "engine":
+        try:
+            decode, head, label = _engine_round(args, model, tokenizer, prompts, pad)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    else:
+        def decode() -> float:
+            torch.manual_seed(0)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                model.generate(**enc, max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=True,
+                               temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad)
+            return time.perf_counter() - t0
+        head, label = model.get_output_embeddings().weight.detach(), "`generate`"
 
-    generate()  # warm-up
-    seconds = generate()
+    decode()  # warm-up (and, for the engine, compilation)
+    rounds = [decode() for _ in range(args.repeats)]
+    seconds = statistics.median(rounds)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        generate()
+        decode()
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events) or 1
     ops = [{"op": e.key, "share": e.self_cpu_time_total / total, "calls": e.count,
             "ms_per_decoding_step": e.self_cpu_time_total / 1e3 / args.tokens} for e in events[: args.top]]
 
-    head = model.get_output_embeddings().weight.detach()
-    hidden = torch.randn(args.batch, head.shape[1])
+    hidden = torch.randn(args.batch, head.shape[1], dtype=head.dtype)
     read = torch.randn(64 * 1024 * 1024)  # 256 MB, far larger than any cache
 
     def rate(fn, nbytes: int, reps: int = 10) -> float:
@@ -76,18 +88,21 @@ def run(args) -> int:
         return nbytes * reps / (time.perf_counter() - t0) / 1e9
 
     result = {
-        "model": args.model, "batch": args.batch, "tokens": args.tokens, "threads": torch.get_num_threads(),
-        "generate_s": seconds, "ms_per_decoding_step": seconds / args.tokens * 1e3, "top_ops": ops,
-        "lm_head_shape": list(head.shape),
-        "lm_head_weight_gb_per_s": rate(lambda: torch.nn.functional.linear(hidden, head), head.numel() * 4),
+        "path": args.path, "decoding": label, "model": args.model, "batch": args.batch, "tokens": args.tokens,
+        "threads": torch.get_num_threads(), "generate_s": seconds, "rounds_s": rounds,
+        "ms_per_decoding_step": seconds / args.tokens * 1e3, "top_ops": ops,
+        "lm_head_shape": list(head.shape), "lm_head_dtype": str(head.dtype).replace("torch.", ""),
+        "lm_head_weight_gb_per_s": rate(lambda: torch.nn.functional.linear(hidden, head),
+                                        head.numel() * head.element_size()),
         "memory_read_gb_per_s": rate(read.sum, read.numel() * 4),
     }
     lines = [f"# Generation profile: {args.model}, {args.batch} sequences x {args.tokens} tokens, "
              f"{result['threads']} threads",
-             "", f"`generate`: {seconds:.2f} s, {result['ms_per_decoding_step']:.1f} ms per decoding step", "",
+             "", f"{label}: {seconds:.2f} s (median of {len(rounds)}), {result['ms_per_decoding_step']:.1f} ms per "
+                 "decoding step", "",
              "| op | share of self CPU time | calls | ms per decoding step |", "|---|---:|---:|---:|"]
-    lines += [f"| {o['op']} | {o['share']:.1%} | {o['calls']} | {o['ms_per_decoding_step']:.2f} |" for o in ops]
-    lines += ["", f"LM head {tuple(head.shape)} at batch {args.batch}: {result['lm_head_weight_gb_per_s']:.1f} GB/s "
+    lines += [f"| {_short(o['op'])} | {o['share']:.1%} | {o['calls']} | {o['ms_per_decoding_step']:.2f} |" for o in ops]
+    lines += ["", f"LM head {tuple(head.shape)} ({result['lm_head_dtype']}) at batch {args.batch}: {result['lm_head_weight_gb_per_s']:.1f} GB/s "
               f"of weights; plain memory read: {result['memory_read_gb_per_s']:.1f} GB/s"]
     out = Path(args.out) if args.out else ROOT / "outputs" / "profile_generation" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -96,3 +111,37 @@ def run(args) -> int:
     print("\n".join(lines))
     print(f"\n[grpo-exp] profile.md and profile.json in {out}")
     return 0
+
+
+def _engine_round(args, model, tokenizer, prompts, pad):
+    """A decoding round through the rollout engine as training builds it (the machine's native dtype, compiled
+    where a C++ compiler is): (the timed round, the copy's LM head weight, a label)."""
+    import torch
+
+    from grpo_exp.training import rollout
+
+    why = rollout.model_unsupported_reason(model)
+    if why:
+        raise ValueError(f"--path engine cannot decode {args.model}: {why}; use --path generate")
+    if rollout.compiler_missing() is None:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True  # the compiled step's kernels listed by name
+    engine = rollout.RolloutEngine(model, dtype=rollout.native_dtype(), compile="auto", max_new_tokens=args.tokens,
+                                   temperature=1.0, top_k=0, top_p=1.0, eos_token_ids=[tokenizer.eos_token_id],
+                                   pad_token_id=pad, min_new_tokens=args.tokens)
+    prompt_ids = tokenizer(prompts)["input_ids"]
+
+    def decode() -> float:
+        t0 = time.perf_counter()
+        engine.generate(prompt_ids, torch.Generator().manual_seed(0))
+        return time.perf_counter() - t0
+
+    dtype = str(engine.dtype).replace("torch.", "")
+    label = f"the rollout engine ({dtype} copy, decoding step {'compiled' if engine.compiled else 'eager'})"
+    return decode, engine.head.weight.detach(), label
+
+
+def _short(op: str, width: int = 90) -> str:
+    """Inductor names a fused kernel after every op in it; the table keeps the start."""
+    return op if len(op) <= width else op[: width - 3] + "..."

@@ -1,5 +1,5 @@
-"""`grpo-profile [--model M] [--batch B] [--tokens T] [--threads N]` (or `python -m grpo_exp.apps.profile`):
-where decoding time goes. The logic lives in grpo_exp.analysis.profile."""
+"""`grpo-profile [--path engine|generate] [--model M] [--batch B] [--tokens T] [--threads N] [--repeats R]` (or
+`python -m grpo_exp.apps.profile`): where decoding time goes. The logic lives in grpo_exp.analysis.profile."""
 
 from __future__ import annotations
 
@@ -8,15 +8,20 @@ import argparse
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Where decoding time goes: generate as GRPO samples, top torch ops, LM-head bandwidth")
+    p.add_argument("--path", default="generate", choices=["generate", "engine"],
+                   help="what decodes: transformers' generate (TRL's path; the default) or grpo-exp's rollout engine "
+                        "(train.rollout=engine: native-dtype copy, static cache, compiled step where a compiler is)")
     p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m)")
     p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per sequence, forced (default 64)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--top", type=int, default=12, help="ops listed (default 12)")
+    p.add_argument("--repeats", type=int, default=1, help="timed rounds after the warm-up; the median is reported "
+                                                          "(default 1)")
     p.add_argument("--out", default=None, help="output directory")
     args = p.parse_args(argv)
-    if min(args.batch, args.tokens, args.threads, args.top) < 1:
-        p.error("--batch, --tokens, --threads and --top must be >= 1")
+    if min(args.batch, args.tokens, args.threads, args.top, args.repeats) < 1:
+        p.error("--batch, --tokens, --threads, --top and --repeats must be >= 1")
     return args
 
 

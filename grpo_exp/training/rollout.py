@@ -166,6 +166,11 @@ def unsupported_reason(trainer) -> str | None:
         return f"generation_kwargs {sorted(unhonoured)}"
     if getattr(model.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
+    return model_unsupported_reason(model)
+
+
+def model_unsupported_reason(model) -> str | None:
+    """Why the engine cannot decode this model (None when it can)."""
     # the engine applies the LM head itself, as train.shared_prefix does: the same models qualify
     return shared_prefix.unsupported_reason(model) or _static_layers_ok(model.config)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 
@@ -147,6 +148,23 @@ def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--batch", "0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--batch" in bad.stderr
+
+
+def test_generation_profile_of_the_rollout_engine_times_its_rounds(tmp_path):
+    out = tmp_path / "prof"
+    proc = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--path", "engine", "--model", "tiny_random",
+                           "--tokens", "4", "--batch", "2", "--threads", "1", "--repeats", "2", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "profile.json").read_text())
+    assert result["path"] == "engine" and "rollout engine" in result["decoding"]
+    assert len(result["rounds_s"]) == 2 and result["generate_s"] == statistics.median(result["rounds_s"])
+    assert result["top_ops"] and result["lm_head_weight_gb_per_s"] > 0
+    assert "rollout engine" in (out / "profile.md").read_text()
+
+    bad = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--path", "vllm"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "vllm" in bad.stderr and "engine" in bad.stderr
 
 
 def test_monitor_counts_tokens_of_generation_rounds(tmp_path):
