@@ -102,8 +102,9 @@ def run(args) -> int:
                  "decoding step", "",
              "| op | share of self CPU time | calls | ms per decoding step |", "|---|---:|---:|---:|"]
     lines += [f"| {_short(o['op'])} | {o['share']:.1%} | {o['calls']} | {o['ms_per_decoding_step']:.2f} |" for o in ops]
-    lines += ["", f"LM head {tuple(head.shape)} ({result['lm_head_dtype']}) at batch {args.batch}: {result['lm_head_weight_gb_per_s']:.1f} GB/s "
-              f"of weights; plain memory read: {result['memory_read_gb_per_s']:.1f} GB/s"]
+    lines += ["", f"LM head {tuple(head.shape)} ({result['lm_head_dtype']}) at batch {args.batch}: "
+              f"{result['lm_head_weight_gb_per_s']:.1f} GB/s of weights; plain memory read: "
+              f"{result['memory_read_gb_per_s']:.1f} GB/s"]
     out = Path(args.out) if args.out else ROOT / "outputs" / "profile_generation" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(result, indent=2))
