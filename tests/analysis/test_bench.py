@@ -46,19 +46,31 @@ def test_step_floor_by_hand():
     assert slow_bf16["dtype"] == "fp32" and slow_bf16["floor_s"] > floor["floor_s"]
 
 
-def test_bench_runs_trl_defaults_and_the_engine_at_a_fixed_length(tmp_path):
+def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_profile(tmp_path):
+    """One bench run covers what a user asks of it: both plain-TRL baselines, grpo-exp, a candidate, the
+    profile, the floor and the ratios (one subprocess per variant, so one run keeps the suite short)."""
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_exp.apps.bench", "--steps", "1", "--warmup", "0", "--model", "tiny_random",
          "--max-completion-length", "8", "--prompts-per-step", "1", "--num-generations", "2", "--threads", "1",
-         "--baseline", "fp32", "--baseline", "trl-defaults", "--out", str(out), "--fixed-length",
+         "--baseline", "fp32", "--baseline", "trl-defaults", "--out", str(out), "--fixed-length", "--profile",
          "--candidate", "engine=train.rollout=engine,train.rollout_compile=false"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "bench.json").read_text())
     variants = report["variants"]
     assert set(variants) == {"baseline", "trl-defaults", "grpo-exp", "engine"}
+    for name, res in variants.items():
+        # --steps 1 is rounded up to a whole generation round of the default recipe (steps_per_generation=2)
+        assert res["status"] == "ok" and res["measured_steps"] == 2, name
+        assert res["settings"]["steps_per_generation"] == 2, name
+        assert res["completion_tokens_per_s"] > 0 and res["peak_rss_mb"] > 100, name
+        assert res["profile_mean_per_step_s"]["generation"] > 0, name
     assert variants["baseline"]["settings"]["bf16"] is False
+    assert variants["baseline"]["settings"]["gradient_checkpointing"] is True
+    assert variants["baseline"]["settings"]["shared_prefix"] is False
+    assert variants["grpo-exp"]["settings"]["gradient_checkpointing"] is False
+    assert variants["grpo-exp"]["settings"]["shared_prefix"] is True
     assert variants["trl-defaults"]["settings"]["gradient_checkpointing"] is True
     # TRL's own default precision: bf16 on (GRPOConfig's default)
     assert variants["trl-defaults"]["settings"]["bf16"] is True
@@ -70,6 +82,7 @@ def test_bench_runs_trl_defaults_and_the_engine_at_a_fixed_length(tmp_path):
         assert variant["completion_tokens"] == 4 * 8, name
     assert set(report["ratios_vs"]) == {"baseline", "trl-defaults"}
     assert report["ratio_vs_baseline"] == report["ratios_vs"]["baseline"]
+    assert report["ratio_vs_baseline"]["grpo-exp"]["completion_tokens_per_s"] > 0
     assert report["machine_limits"]["gemm_gflops"]["bf16"] > 0
     for name in variants:
         assert report["floor"][name]["floor_s"] > 0 and report["floor"][name]["multiple"] > 1
