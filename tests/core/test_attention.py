@@ -11,6 +11,7 @@ import torch
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.checks import validate
 from grpo_exp.core import attention, models
+from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
 
@@ -73,15 +74,15 @@ def test_a_decoding_step_through_grouped_attention_equals_eager(tmp_path):
     mask[1, :2] = 0
     mask[2, :5] = 0
     step = torch.randint(5, model.config.vocab_size, (3, 1))
+    kw = rollout._cache_kwarg(type(model))  # transformers renamed past_key_values in a minor release
     logits = {}
     for choice in ("eager", "grouped"):
         attention.use(model, choice)
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, attention_mask=mask, use_cache=True, **{kw: cache})
             full = torch.cat([mask, torch.ones_like(step)], 1)
-            logits[choice] = model(input_ids=step, attention_mask=full, past_key_values=cache,
-                                   use_cache=True).logits
+            logits[choice] = model(input_ids=step, attention_mask=full, use_cache=True, **{kw: cache}).logits
     assert logits["eager"].shape[1] == 1
     torch.testing.assert_close(logits["grouped"], logits["eager"], rtol=1e-5, atol=1e-5)
 
