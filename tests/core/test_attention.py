@@ -16,6 +16,16 @@ from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
 
 
+def _left_padded(model, seed: int, width: int, pads: tuple[int, ...]):
+    """Random token ids [len(pads), width] and their mask, row i left-padded by pads[i] positions, as TRL pads."""
+    torch.manual_seed(seed)
+    ids = torch.randint(5, model.config.vocab_size, (len(pads), width))
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate(pads):
+        mask[row, :pad] = 0
+    return ids, mask
+
+
 def _loss_and_grads(model, ids, mask):
     model.zero_grad(set_to_none=True)
     logits = model(input_ids=ids, attention_mask=mask).logits
@@ -29,11 +39,7 @@ def test_grouped_attention_equals_eager_in_forward_and_backward(tmp_path):
     cfg = compose_cfg(["debug=smoke"], tmp_path)
     model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # the grouping is exercised
-    torch.manual_seed(0)
-    ids = torch.randint(5, model.config.vocab_size, (3, 11))
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0  # left padding, as TRL pads
-    mask[2, :7] = 0
+    ids, mask = _left_padded(model, seed=0, width=11, pads=(0, 4, 7))
     model.set_attn_implementation("eager")
     eager_logits, eager_grads = _loss_and_grads(model, ids, mask)
     assert attention.use(model, "grouped") == attention.GROUPED
@@ -48,11 +54,7 @@ def test_greedy_generation_is_the_same_with_grouped_attention(tmp_path):
     """generate's path (a growing cache, left padding, one query per step) picks the same tokens."""
     cfg = compose_cfg(["debug=smoke"], tmp_path)
     model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
-    torch.manual_seed(1)
-    ids = torch.randint(5, model.config.vocab_size, (3, 9))
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    mask[2, :6] = 0
+    ids, mask = _left_padded(model, seed=1, width=9, pads=(0, 3, 6))
     runs = {}
     for choice in ("eager", "grouped"):
         attention.use(model, choice)
@@ -68,11 +70,7 @@ def test_a_decoding_step_through_grouped_attention_equals_eager(tmp_path):
 
     cfg = compose_cfg(["debug=smoke"], tmp_path)
     model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
-    torch.manual_seed(2)
-    ids = torch.randint(5, model.config.vocab_size, (3, 10))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    mask[2, :5] = 0
+    ids, mask = _left_padded(model, seed=2, width=10, pads=(0, 2, 5))
     step = torch.randint(5, model.config.vocab_size, (3, 1))
     kw = rollout._cache_kwarg(type(model))  # transformers renamed past_key_values in a minor release
     logits = {}
