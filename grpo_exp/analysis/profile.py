@@ -47,8 +47,6 @@ def run(args) -> int:
     examples = data.build_examples("basic", "test", num_train=0, num_test=args.batch, seed=0)
     prompts = [tokenizer.apply_chat_template(data.to_messages(ex["question"], cfg.reward.system_prompt),
                                              tokenize=False, add_generation_prompt=True) for ex in examples]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     if args.path == "engine":
@@ -58,6 +56,9 @@ def run(args) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
     else:
+        tokenizer.padding_side = "left"
+        enc = tokenizer(prompts, return_tensors="pt", padding=True)
+
         def decode() -> float:
             torch.manual_seed(0)
             t0 = time.perf_counter()
