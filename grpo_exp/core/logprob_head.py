@@ -78,8 +78,12 @@ class AutocastLogProbHead(torch.autograd.Function):
         n = hidden.shape[0]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device) if need_h else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        grad_weight = grad_bias = None
+        # This backward is where a training step's memory peaks (the whole graph's activations are still held), so
+        # each N x V and V x H temporary is dropped as soon as it is used: the last fp32 block of log p before
+        # the GEMMs, the cast weight after its last GEMM, the logits gradient before its weight-gradient product
+        # is widened to fp32. The first block's weight gradient is that product itself rather than a sum onto
+        # zeros, which is the same number (0 + x = x; only a -0.0 turns +0.0, which changes no update).
         for gs in range(0, n, GRAD_ROWS):
             ge = min(gs + GRAD_ROWS, n)
             h_block = hidden[gs:ge].to(dtype)
@@ -101,12 +105,23 @@ class AutocastLogProbHead(torch.autograd.Function):
                     term = p.mul_(-scale).scatter_add_(-1, targets[s:e, None], scale)
                     g = term if g is None else g.add_(term)
                 grad_z[s - gs:e - gs] = g
+                log_p = p = g = term = None
             if need_h:
                 grad_hidden[gs:ge] = grad_z @ w
-            if need_w:
-                grad_weight += (grad_z.t() @ h_block).float()
+            if ge == n:
+                w = b = None
             if need_b:
-                grad_bias += grad_z.sum(0, dtype=torch.float32)
+                part = grad_z.sum(0, dtype=torch.float32)
+                grad_bias = part if grad_bias is None else grad_bias.add_(part)
+            if need_w:
+                part = grad_z.t() @ h_block
+                grad_z = None
+                grad_weight = part.float() if grad_weight is None else grad_weight.add_(part.float())
+            part = grad_z = None
+        if need_w and grad_weight is None:  # no tokens
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        if need_b and grad_bias is None:
+            grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         return (grad_hidden.to(hidden.dtype) if need_h else None,
                 grad_weight.to(weight.dtype) if need_w else None,
                 grad_bias.to(bias.dtype) if need_b else None, None, None, None)
