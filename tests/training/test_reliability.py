@@ -342,6 +342,7 @@ def test_soak_five_sigkills_at_random_points_end_where_an_uninterrupted_run_ends
         assert proc.poll() is None, "the run finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        assert not (run_dir / "metrics.json").exists()  # a killed run never looks finished
     done = _run(run_dir, *steps, "resume=true")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming from" in done.stdout + done.stderr
