@@ -333,12 +333,10 @@ def test_base_figures_are_cached_per_settings(tmp_path, tiny, monkeypatch):
     model, tokenizer = tiny
     overrides = ["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", f"paths.cache_dir={tmp_path / 'cache'}"]
     cfg = compose_cfg(overrides, tmp_path / "a")
-    # a cache of its own for the base figures, the shared one for models: the tiny model's tokenizer would
-    # otherwise be converted from SmolLM2's GGUF again here (about 30 s)
-    shared_models = Path(compose_cfg(["debug=smoke"], tmp_path / "x").paths.cache_dir).expanduser() / "models"
-    shared_models.mkdir(parents=True, exist_ok=True)
+    # a cache of its own for the base figures, the fixture's for models (the directory its tiny model was saved
+    # in): the tiny model's tokenizer would otherwise be converted from SmolLM2's GGUF again here (about 30 s)
     (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "models").symlink_to(shared_models, target_is_directory=True)
+    (tmp_path / "cache" / "models").symlink_to(Path(model.name_or_path).parent, target_is_directory=True)
     first = evaluate_after_train(cfg, model, tokenizer, tmp_path / "a")
     cached = list((tmp_path / "cache" / "base_eval").glob("tiny_random-*.json"))
     assert len(cached) == 1
