@@ -144,3 +144,15 @@ def test_basic_stage_has_a_kl_penalty_and_beta_0_turns_it_off(tmp_path):
     assert compose_cfg(["stage=basic"], tmp_path).train.beta == 0.04
     assert compose_cfg(["stage=basic", "ablation=beta_0"], tmp_path).train.beta == 0.0
     assert compose_cfg(["stage=intermediate"], tmp_path).train.beta == 0.0
+
+
+def test_basic_stage_decays_its_learning_rate_and_lr_constant_keeps_it(tmp_path):
+    # README, "How the default was chosen": a decaying learning rate, chosen over seeds for the basic stage;
+    # the later stages were measured with a constant rate and keep it (conf/train/default.yaml)
+    basic = compose_cfg(["stage=basic"], tmp_path).train
+    assert (basic.lr_scheduler_type, basic.learning_rate, basic.warmup_steps) == ("linear", 2e-5, 0)
+    assert grpo_config(basic, tmp_path / "out", [1.0, 0.05], []).lr_scheduler_type == "linear"
+    earlier = compose_cfg(["stage=basic", "ablation=lr_constant"], tmp_path).train
+    assert {k for k in basic if basic[k] != earlier[k]} == {"lr_scheduler_type"}
+    assert earlier.lr_scheduler_type == "constant"
+    assert compose_cfg(["stage=intermediate"], tmp_path).train.lr_scheduler_type == "constant"
