@@ -243,13 +243,14 @@ def build_frame(jobs: list[dict]) -> pd.DataFrame:
     return df.drop(columns=empty)
 
 
-def variant_labels(df: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
-    """Each job's "key=value, ..." of the given override columns (default: the swept ones)."""
+def variant_labels(df: pd.DataFrame, keys: list[str] | None = None, unset: str | None = None) -> list[str]:
+    """Each job's "key=value, ..." of the given override columns (default: the swept ones). A job that sets
+    none of them is labelled `unset`, or by its job name when `unset` is None."""
     keys = swept_keys(df) if keys is None else keys
     labels = []
     for _, row in df.iterrows():
         parts = [f"{k.split(':', 1)[1]}={row[k]}" for k in keys if isinstance(row[k], str)]
-        labels.append(", ".join(parts) or str(row["job"]))
+        labels.append(", ".join(parts) or (str(row["job"]) if unset is None else unset))
     return labels
 
 
@@ -544,7 +545,10 @@ def seed_section(df: pd.DataFrame, keys: list[str], out: Path) -> list[str]:
     """report.md's table of each variant over seeds (and seed_summary.csv), for sweeps that scored a
     variant on two seeds or more; no lines otherwise."""
     keys = [k for k in keys if k != seed_summary.SEED_KEY]
-    table = seed_summary.per_variant(df, variant_labels(df, keys) if keys else ["all"] * len(df))
+    # jobs that override none of the swept keys (the default recipe beside its levers) are one variant, not
+    # one per job: they differ only in their seeds
+    table = seed_summary.per_variant(df, variant_labels(df, keys, unset=seed_summary.DEFAULTS) if keys
+                                     else ["all"] * len(df))
     if table is None:
         return []
     table.to_csv(out / "seed_summary.csv", index=False)

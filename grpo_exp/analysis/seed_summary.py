@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 SEED_KEY = "override:train.seed"
+DEFAULTS = "(defaults)"  # the label of jobs that set none of the swept overrides
 
 
 def _scored_columns(df: pd.DataFrame) -> list[str]:

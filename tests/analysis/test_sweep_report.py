@@ -217,6 +217,25 @@ def test_report_scores_each_variant_over_seeds(tmp_path):
     assert "## Each variant over seeds" in (sweep / "report.md").read_text()
 
 
+def test_runs_with_no_lever_are_one_variant_over_seeds(tmp_path):
+    """Single runs of the default recipe beside runs of a lever (as a device screen makes them, each with its
+    own seed): the default's runs form one row, not one row per run."""
+    from grpo_exp.analysis.report import write_report
+
+    runs = tmp_path / "screen"
+    scored = {("", 42): 0.39, ("", 1): 0.415, ("train.lr_scheduler_type=linear", 42): 0.50,
+              ("train.lr_scheduler_type=linear", 1): 0.555}
+    for i, ((lever, seed), after) in enumerate(scored.items()):
+        _fake_job(runs / f"run{i}", [*([lever] if lever else []), f"train.seed={seed}"], {"train": {"seed": seed}},
+                  {"metrics.json": {"status": "completed", "steps": 90},
+                   "eval.json": {"sets": {"basic": {"accuracy": after, "n": 200}}}})
+    write_report([runs])
+    table = pd.read_csv(runs / "seed_summary.csv").set_index("variant")
+    assert table.index.tolist() == ["train.lr_scheduler_type=linear", "(defaults)"]
+    assert table["seeds"].tolist() == [2, 2] and table.loc["(defaults)", "seed_list"] == "1 42"
+    assert table.loc["(defaults)", "eval_basic_accuracy_mean"] == pytest.approx(0.4025)
+
+
 def test_report_has_no_seed_section_for_one_seed(tmp_path):
     from grpo_exp.analysis.report import write_report
 
