@@ -36,9 +36,11 @@ def test_rewards(monkeypatch):
     return spread_reward_main
 
 
-def _start(run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+def _start(run_dir: Path, *extra: str, env: dict | None = None, log=subprocess.PIPE) -> subprocess.Popen:
+    """`log`: an open file for both streams of a run nobody reads while it goes (a full pipe would stall it)."""
     return subprocess.Popen([sys.executable, "-m", "tests.spread_reward_main", *SPREAD, *extra,
-                             f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT if log is not subprocess.PIPE else subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
@@ -320,7 +322,7 @@ def test_resume_with_changed_training_settings_names_each_key(tmp_path, test_rew
 
 
 @pytest.mark.slow
-def test_soak_five_sigkills_at_random_points_end_where_an_uninterrupted_run_ends(tmp_path):
+def test_soak_five_sigkills_at_random_points_end_where_an_uninterrupted_run_ends(tmp_path, request):
     """SIGKILL at 5 seeded-random moments (mid-step, mid-save, mid-log), resuming after each: the final
     weights and optimizer state equal an uninterrupted run's (atol 1e-5, rtol 1e-4: thread scheduling may
     reorder float sums), the history holds every step once with the same rewards and losses, nothing
@@ -330,8 +332,11 @@ def test_soak_five_sigkills_at_random_points_end_where_an_uninterrupted_run_ends
     from safetensors.torch import load_file
 
     steps = ["train.max_steps=20", "train.save_steps=1", "cpu.threads=1"]  # one thread: no reduction-order noise
-    ref = _run(tmp_path / "ref", *steps)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    # the uninterrupted run goes on the other core meanwhile (one thread each, so neither waits on the other)
+    ref_log = (tmp_path / "ref.log").open("w")
+    ref_proc = _start(tmp_path / "ref", *steps, log=ref_log)
+    request.addfinalizer(ref_proc.kill)  # a no-op once it has ended; stops it where an assertion below fails
+    request.addfinalizer(ref_log.close)
     run_dir, rng = tmp_path / "soak", random.Random(20261126)
     history = run_dir / "history.jsonl"
     for kill in range(5):
@@ -347,6 +352,7 @@ def test_soak_five_sigkills_at_random_points_end_where_an_uninterrupted_run_ends
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming from" in done.stdout + done.stderr
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 20
+    assert ref_proc.wait(timeout=600) == 0, (tmp_path / "ref.log").read_text()[-3000:]
     ref_hist, got_hist = read_jsonl(tmp_path / "ref" / "history.jsonl"), read_jsonl(history)
     assert [r["step"] for r in got_hist] == list(range(1, 21))  # each step once, appended after its checkpoint
     for a, b in zip(ref_hist, got_hist):
