@@ -44,11 +44,14 @@ def test_two_step_run_writes_a_loadable_model_and_metrics(smoke_cfg):
 
 def test_entrypoint_runs_as_a_user_would(tmp_path):
     run_dir = tmp_path / "cli_run"
-    proc = run_module("grpo_exp.train", "debug=smoke", "train.max_steps=1", "cpu.omp_wait_policy=passive",
-                      f"hydra.run.dir={run_dir}")
+    proc = run_module("grpo_exp.train", "debug=smoke", "train.max_steps=3", "train.save_steps=1",
+                      "cpu.omp_wait_policy=passive", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["steps"] == 1
+    assert metrics["steps"] == 3
+    # three saves, and the default train.save_total_limit=1 keeps only the newest (each is ~1.6 GB for the
+    # default model)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-3"]
     # set before torch loaded, so OpenMP ran with it (a late setting would warn and leave it unset)
     assert metrics["cpu_omp_wait_policy"] == "PASSIVE"
     assert "not applied" not in proc.stderr
