@@ -4,7 +4,7 @@
 # This is how "How the default was chosen" screened the learning-rate levers on an H100 (2026-11-28).
 #
 #   SEEDS="42 1 2 3" LIMIT=470 bash scripts/device/parallel_runs.sh \
-#       constant="" linear="train.lr_scheduler_type=linear" beta0.1="train.beta=0.1"
+#       linear="" constant="ablation=lr_constant" beta0.1="ablation=lr_constant train.beta=0.1"
 #
 # Each argument is NAME="<space-separated Hydra overrides>" (an empty string is the default recipe).
 # Jobs: python -m grpo_exp.train stage=${STAGE:-basic} train.seed=<seed> <overrides> logger=none cpu.threads=1,
