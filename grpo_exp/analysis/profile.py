@@ -58,15 +58,19 @@ def run(args) -> int:
     else:
         tokenizer.padding_side = "left"
         enc = tokenizer(prompts, return_tensors="pt", padding=True)
+        # as training runs TRL's generate: under bf16 autocast when it trains in bf16 (the fp32 weights recast
+        # on every op of every token), else in fp32
+        precision = cpu.resolve_precision(args.precision)
 
         def decode() -> float:
             torch.manual_seed(0)
             t0 = time.perf_counter()
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 model.generate(**enc, max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=True,
                                temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad)
             return time.perf_counter() - t0
-        head, label = model.get_output_embeddings().weight.detach(), "`generate`"
+        head = model.get_output_embeddings().weight.detach()
+        label = "`generate` under bf16 autocast" if precision == "bf16" else "`generate` in fp32"
 
     decode()  # warm-up (and, for the engine, compilation)
     rounds = [decode() for _ in range(args.repeats)]
@@ -89,7 +93,9 @@ def run(args) -> int:
         return nbytes * reps / (time.perf_counter() - t0) / 1e9
 
     result = {
-        "path": args.path, "decoding": label, "model": args.model, "batch": args.batch, "tokens": args.tokens,
+        "path": args.path, "decoding": label,
+        "precision": precision if args.path == "generate" else str(head.dtype).replace("torch.", ""),
+        "model": args.model, "batch": args.batch, "tokens": args.tokens,
         "threads": torch.get_num_threads(), "generate_s": seconds, "rounds_s": rounds,
         "ms_per_decoding_step": seconds / args.tokens * 1e3, "top_ops": ops,
         "lm_head_shape": list(head.shape), "lm_head_dtype": str(head.dtype).replace("torch.", ""),

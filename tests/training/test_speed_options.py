@@ -111,11 +111,13 @@ def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
 def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
     out = tmp_path / "prof"
     proc = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--model", "tiny_random", "--tokens", "4",
-                           "--batch", "2", "--threads", "1", "--out", str(out)],
+                           "--batch", "2", "--threads", "1", "--precision", "bf16", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "profile.json").read_text())
     assert result["batch"] == 2 and result["tokens"] == 4 and result["threads"] == 1
+    # profiled as TRL generates under bf16 training (autocast), not in fp32
+    assert result["precision"] == "bf16" and "under bf16 autocast" in result["decoding"]
     assert result["generate_s"] > 0 and result["top_ops"]
     assert 0 < sum(o["share"] for o in result["top_ops"]) <= 1.0 + 1e-6
     assert result["lm_head_weight_gb_per_s"] > 0 and result["memory_read_gb_per_s"] > 0
@@ -124,6 +126,9 @@ def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--batch", "0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--batch" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--precision", "fp16"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "fp16" in bad.stderr and "bf16" in bad.stderr
 
 
 def test_generation_profile_of_the_rollout_engine_times_its_rounds(tmp_path):
