@@ -1,5 +1,8 @@
 """Loading every model option: packaged GGUF (converted once to a safetensors cache), hub id or
-local directory, and a tiny random Llama for tests. `load` is the one place that builds a policy."""
+local directory, and a tiny random Llama for tests. `load` is the one place that builds a policy.
+
+torch is imported where a model is built, not here: the entrypoints' checks (`check_available`) run before
+it loads, so a model that cannot be had fails in a second."""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ import importlib
 import importlib.util
 import os
 from pathlib import Path
-
-import torch
 
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import save_model_dir
@@ -74,6 +75,7 @@ def convert_packaged_gguf(package: str, cache_dir: str | Path) -> Path:
     target = converted_dir(package, cache_dir)
     if _is_model_dir(target):
         return target
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = find_gguf(package, cache_dir)
@@ -136,6 +138,7 @@ def _hub_unreachable(repo_id: str) -> str | None:
 
 def tiny_random(model_cfg, cache_dir: str | Path, seed: int):
     """A few-layer Llama with random weights, sharing SmolLM2's tokenizer so prompts look real."""
+    import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok_dir = convert_packaged_gguf(SMOLLM2_PACKAGE, cache_dir)
@@ -178,6 +181,7 @@ def model_dir(model_cfg, cache_dir: str | Path) -> str:
 
 def load_pretrained(path: str | Path, revision: str | None = None):
     """Model and tokenizer from a directory or hub id, in fp32, ready for GRPO."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path), revision=revision)
