@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from grpo_exp.config.checks import validate
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.training.trainer import grpo_config
-from tests.conftest import CONF_DIR, assert_fails_fast_with_one_line, compose_cfg
+from tests.conftest import CONF_DIR, assert_fails_fast_with_one_line, compose_cfg, run_module
 
 GROUPS = ["model", "stage", "reward", "quantization", "cpu", "train", "logger", "paths", "debug"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]
@@ -84,6 +84,19 @@ BAD_CLI = [
 @pytest.mark.parametrize("args,needle", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
 def test_bad_overrides_fail_fast_with_one_line(tmp_path, args, needle):
     assert_fails_fast_with_one_line(tmp_path / "run", args, needle)
+
+
+@pytest.mark.parametrize("args", [["train.num_generations=3"], ["model=custom", "model.id=/no/such/model_dir"],
+                                  ["stage=gsm8k", "stage.path=/no/such/file.jsonl"]])
+def test_bad_input_is_refused_before_torch_is_imported(tmp_path, args):
+    """The pre-check runs on the config alone: Python's import log (PYTHONPROFILEIMPORTTIME) of a refused run
+    lists neither torch nor transformers nor trl, whose imports are most of a run's first seconds."""
+    proc = run_module("grpo_exp.train", *args, f"hydra.run.dir={tmp_path / 'run'}", timeout=120,
+                      env={"HF_HUB_OFFLINE": "1", "PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "grpo_exp.config.checks" in imported  # the log is there
+    assert not imported & {"torch", "transformers", "trl"}, sorted(imported & {"torch", "transformers", "trl"})
 
 
 def test_config_choices_match_the_code_that_implements_them():
