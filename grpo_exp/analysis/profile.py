@@ -52,6 +52,7 @@ def run(args) -> int:
     if args.path == "engine":
         try:
             decode, head, label = _engine_round(args, model, tokenizer, prompts, pad)
+            precision = str(head.dtype).replace("torch.", "")  # the copy's dtype
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -94,7 +95,7 @@ def run(args) -> int:
 
     result = {
         "path": args.path, "decoding": label,
-        "precision": precision if args.path == "generate" else str(head.dtype).replace("torch.", ""),
+        "precision": precision,
         "model": args.model, "batch": args.batch, "tokens": args.tokens,
         "threads": torch.get_num_threads(), "generate_s": seconds, "rounds_s": rounds,
         "ms_per_decoding_step": seconds / args.tokens * 1e3, "top_ops": ops,

@@ -29,17 +29,17 @@ def train_task(cfg) -> dict:
 
 
 def check(cfg) -> None:
+    """Everything a training run can check without loading a model."""
     from grpo_exp.config.checks import validate
     from grpo_exp.core.models import check_available
 
     # the config's own checks and the model's availability need no torch: a bad value fails in about a
-    # second, not after the ~8 s that importing the training stack takes; the stage's check then covers
-    # init_from and EWC as well (repeating these two, which costs nothing)
+    # second, not after the ~8 s that importing the training stack takes
     validate(cfg)
     check_available(cfg.model, cfg.paths.cache_dir)
-    from grpo_exp.training.stage import check as check_stage
+    from grpo_exp.training.stage import check_init_from
 
-    check_stage(cfg)
+    check_init_from(cfg)
 
 
 def main() -> None:

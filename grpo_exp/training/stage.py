@@ -28,7 +28,6 @@ from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import ConfigError, TrainingHalted
 from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_json
 from grpo_exp.base.monitor import MonitorCallback, reset_peak_rss
-from grpo_exp.config.checks import validate
 from grpo_exp.config.recorded import run_config
 from grpo_exp.config.schema import generation_batch
 from grpo_exp.core import data, models, rewards
@@ -53,10 +52,10 @@ def stage_examples(cfg, split: str, stage_cfg=None) -> list[dict]:
     )
 
 
-def check(cfg) -> None:
-    """Everything a training run can check without loading a model (the entrypoint's pre-check)."""
-    validate(cfg)
-    models.check_available(cfg.model, cfg.paths.cache_dir)
+def check_init_from(cfg) -> None:
+    """The part of the entrypoint's pre-check that needs this module: init_from and the EWC state and adapter
+    it carries. The config's own checks and the model's availability need no torch and run before this
+    module is imported (apps/train.check)."""
     init = resolve_init(cfg.init_from)
     check_ewc_init(cfg, init)
     lora.check_init(cfg, init)

@@ -13,11 +13,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo_exp.apps.train import check as precheck  # the entrypoint's whole pre-check
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import read_jsonl, save_model_dir
 from grpo_exp.config.checks import validate
 from grpo_exp.core import models
-from grpo_exp.training import checkpoints, ewc, lora, shared_prefix, stage
+from grpo_exp.training import checkpoints, ewc, lora, shared_prefix
 from grpo_exp.training.stage import prepare, train
 from grpo_exp.training.trainer import build_trainer
 from tests.conftest import assert_fails_fast_with_one_line, compose_cfg
@@ -146,7 +147,7 @@ def test_ewc_over_adapters_and_a_stage_that_continues_the_adapter(tmp_path, spre
     for overrides, needle in refusals:
         cfg = compose_cfg([*LORA, *overrides, f"init_from={first_dir}"], tmp_path / "c")
         with pytest.raises(ConfigError) as info:
-            stage.check(cfg)
+            precheck(cfg)
         assert needle in str(info.value) and "\n" not in str(info.value)
     # the adapter continues on the base it was trained on; where that base is gone, one line says so
     moved = tmp_path / "moved"
@@ -170,7 +171,7 @@ def test_lora_stages_after_a_fully_fine_tuned_model(tmp_path, spread):
     lora_cfg = compose_cfg(["debug=smoke", "peft=lora", "ewc.lambda=1", f"init_from={tmp_path / 'full'}"],
                            tmp_path / "next")
     with pytest.raises(ConfigError, match="was fully fine-tuned") as info:
-        stage.check(lora_cfg)
+        precheck(lora_cfg)
     assert "\n" not in str(info.value)
     # without EWC a LoRA stage starts a fresh adapter on the fully fine-tuned model, and the stage after it
     # continues that adapter on the same weights (not on the `model` option's base)
