@@ -138,7 +138,7 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         inductor_config.cpp.enable_kernel_profile = True  # the compiled step's kernels listed by name
     engine = rollout.RolloutEngine(model, dtype=rollout.native_dtype(), compile="auto", max_new_tokens=args.tokens,
                                    temperature=1.0, top_k=0, top_p=1.0, eos_token_ids=[tokenizer.eos_token_id],
-                                   pad_token_id=pad, min_new_tokens=args.tokens, pack="auto")
+                                   pad_token_id=pad, min_new_tokens=args.tokens)
     prompt_ids = tokenizer(prompts)["input_ids"]
 
     def decode() -> float:
@@ -147,8 +147,7 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         return time.perf_counter() - t0
 
     dtype = str(engine.dtype).replace("torch.", "")
-    step = "compiled" if engine.compiled else "eager, packed weights" if engine.packer else "eager"
-    label = f"the rollout engine ({dtype} copy, decoding step {step})"
+    label = f"the rollout engine ({dtype} copy, decoding step {'compiled' if engine.compiled else 'eager'})"
     return decode, engine.head.weight.detach(), label
 
 

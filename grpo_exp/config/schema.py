@@ -237,10 +237,6 @@ class TrainConfig:
     rollout: str = "auto"
     rollout_dtype: str = "auto"  # auto: bf16 where the hardware computes it natively, else fp32
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
-    # Prepack the copy's Linear weights for the CPU's GEMM kernels once per round (core/packed_linear.py); the
-    # step then runs eager. auto: where the step runs eager anyway (no compiler, or rollout_compile=false); true;
-    # false
-    rollout_pack: Any = "auto"
     # cdf: one uniform number per row (fast); multinomial: generate's draws (the same tokens under the same seed)
     rollout_sampler: str = "cdf"
     # engine: weigh each token's loss by pi_train / pi_sampler (TRL's vLLM correction), capped at rollout_is_cap,
@@ -292,11 +288,6 @@ class TrainConfig:
         require_choice("train.rollout_old_logps", train.rollout_old_logps, TrainConfig.OLD_LOGPS)
         require(train.rollout_compile in ("auto", True, False),
                 f"train.rollout_compile={train.rollout_compile!r} is not valid; choose one of: auto, true, false")
-        require(train.rollout_pack in ("auto", True, False),
-                f"train.rollout_pack={train.rollout_pack!r} is not valid; choose one of: auto, true, false")
-        require(not (train.rollout_pack is True and train.rollout_compile is True),
-                "train.rollout_pack=true runs the decoding step eager (inductor cannot trace packed weights); it "
-                "cannot be combined with train.rollout_compile=true: set one of them to auto or false")
         # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set
         require(not (train.rollout in ("engine", "auto") and train.rollout_is_correction and train.loss_type == "vespo"
                      and not train.rollout_is_mode.startswith("token")),

@@ -13,8 +13,7 @@ with `cat`. The engine instead keeps
   times) and copies its cache rows to the group;
 - attention that groups the query heads sharing a key/value head instead of copying the cache per head;
 - a decoding step compiled with `torch.compile` where a C++ compiler is present (eager otherwise; a warning
-  says which); where it runs eager, its Linear layers multiply by weights prepacked once per round for the CPU's
-  GEMM kernels (core/packed_linear.py; `train.rollout_pack`);
+  says which);
 - the sampler's own per-token log-probs, after temperature, top-k and top-p (vLLM's "processed" log-probs).
 
 It plugs into TRL through `rollout_func` (GRPOTrainer calls it with the prompts and the trainer, and expects
@@ -44,7 +43,7 @@ from types import SimpleNamespace
 import torch
 
 from grpo_exp.base import log
-from grpo_exp.core import attention, packed_linear
+from grpo_exp.core import attention
 from grpo_exp.training import shared_prefix
 
 logger = log.get_logger(__name__)
@@ -54,7 +53,6 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 DTYPES = ("auto", "bf16", "fp32")
 SAMPLERS = ("cdf", "multinomial")
 OLD_LOGPS = ("auto", "policy", "sampler")  # train.rollout_old_logps
-PACK = packed_linear.CHOICES  # train.rollout_pack
 # the cache length is rounded up to this, so prompts of slightly different lengths reuse one compiled step
 _CACHE_BUCKET = 64
 
@@ -192,8 +190,7 @@ class RolloutEngine:
 
     def __init__(self, policy: torch.nn.Module, *, dtype: torch.dtype, compile: bool | str = "auto",
                  max_new_tokens: int, temperature: float = 1.0, top_k: int | None = 0, top_p: float = 1.0,
-                 eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf", min_new_tokens: int = 0,
-                 pack: bool | str = False):
+                 eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf", min_new_tokens: int = 0):
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
         self.sampler = sampler
@@ -228,11 +225,6 @@ class RolloutEngine:
             why = compiler_missing() if self.device.type == "cpu" else None
         if compile is False:
             why = "train.rollout_compile=false"
-        self.packer = None
-        pack = self._resolve_pack(pack, compile, why)
-        if pack:
-            self.packer = packed_linear.Packer(self.model)
-            why = why or "packed weights (train.rollout_pack), which inductor cannot trace"
         if why is None:
             self._step = torch.compile(self._eager_step, dynamic=False)
             self.compiled = True
@@ -240,31 +232,8 @@ class RolloutEngine:
                            "(inductor); the first round includes compilation", str(dtype).replace("torch.", ""))
         else:
             self._step = self._eager_step
-            logger.warning("rollout engine: %s copy of the policy, decoding step runs eager (%s)%s",
-                           str(dtype).replace("torch.", ""), why,
-                           "; Linear weights prepacked each round" if self.packer else "")
-
-    def _resolve_pack(self, pack: bool | str, compile: bool | str, no_compile: str | None) -> bool:
-        """Whether the copy's Linear layers use prepacked weights (`train.rollout_pack`). auto: where the step runs
-        eager anyway (no compiler, or rollout_compile=false) and this CPU's torch has the packed kernels. Packed and
-        eager decoded the default model 1.1x faster than plain and eager, and about as fast as the compiled step
-        (README, Performance), so auto does not give up compilation for it. A packed step runs eager (see
-        core/packed_linear.py)."""
-        if pack not in PACK:
-            raise ValueError(f"unknown rollout_pack {pack!r}; choose one of auto, true, false")
-        if pack is False:
-            return False
-        unavailable = packed_linear.unavailable_reason(self.dtype, self.device)
-        if pack is True:
-            if compile is True:
-                raise ValueError("train.rollout_pack=true runs the decoding step eager; it cannot be combined with "
-                                 "train.rollout_compile=true")
-            if unavailable:
-                logger.warning("train.rollout_pack=true: %s; plain weights are used", unavailable)
-            return unavailable is None
-        if unavailable:
-            return False
-        return no_compile is not None
+            logger.warning("rollout engine: %s copy of the policy, decoding step runs eager (%s)",
+                           str(dtype).replace("torch.", ""), why)
 
     # ------------------------------------------------------------------------------------------------- weights
 
@@ -274,8 +243,6 @@ class RolloutEngine:
         src = dict(policy.named_parameters())
         for name, param in self.model.named_parameters():
             param.copy_(src[name].detach())
-        if self.packer is not None:
-            self.packer.drop()  # packed weights are copies of the old ones; the next round packs the new
 
     def sync(self, trainer) -> None:
         """Refresh once per optimizer step, before that step's first generation (TRL's vLLM sync does the same),
@@ -303,8 +270,6 @@ class RolloutEngine:
         empty storage, so the compiled step is not recompiled; `sync` refills them."""
         if self._released:
             return
-        if self.packer is not None:
-            self.packer.drop()
         cache = [t for layer in (self._cache.layers if self._cache is not None else [])
                  if getattr(layer, "is_initialized", False) for t in (layer.keys, layer.values)]
         seen: set[int] = set()
@@ -335,7 +300,7 @@ class RolloutEngine:
         out = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                             use_cache=True, **{self._cache_kwarg: cache})
         hidden = out.last_hidden_state[:, -1]
-        return self.head(hidden).float()
+        return torch.nn.functional.linear(hidden, self.head.weight, self.head.bias).float()
 
     def _eager_step(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """One decoding step: the next-token logits (fp32) of every row."""
@@ -400,9 +365,6 @@ class RolloutEngine:
 
         t0 = time.perf_counter()
         rows = len(prompt_ids)
-        if self.packer is not None and self.packer.rows != rows:
-            self.packer.pack(rows)  # once per round: the weights changed since the last one (sync drops the old)
-            self.timings["pack_s"] = time.perf_counter() - t0
         index: dict[tuple[int, ...], int] = {}
         inverse = [index.setdefault(tuple(ids), len(index)) for ids in prompt_ids]
         distinct = list(index)
@@ -576,7 +538,7 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
         max_new_tokens=trainer.max_completion_length, temperature=trainer.temperature, top_k=trainer.top_k,
         top_p=trainer.top_p, eos_token_ids=list(trainer.eos_token_ids),
         pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler,
-        min_new_tokens=(trainer.args.generation_kwargs or {}).get("min_new_tokens", 0), pack=train_cfg.rollout_pack)
+        min_new_tokens=(trainer.args.generation_kwargs or {}).get("min_new_tokens", 0))
     trainer.rollout_func = engine.rollout
     source = old_logps_source(train_cfg.rollout_old_logps, train_cfg.rollout_dtype, train_cfg.precision)
     if source == "sampler":

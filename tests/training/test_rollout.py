@@ -11,7 +11,7 @@ import torch
 
 from grpo_exp.config.checks import validate
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.core import attention, models, packed_linear
+from grpo_exp.core import attention, models
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
@@ -185,62 +185,6 @@ def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypat
         engine = engine_for(model, tokenizer, [0], compile="auto")
     assert not engine.compiled
     assert "decoding step runs eager (no C++ compiler" in caplog.text
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_packed_weights_sample_what_plain_weights_sample_across_a_refresh(tiny, dtype):
-    """train.rollout_pack: the eager step on packed weights draws the plain eager step's tokens, with its log-probs,
-    and after the policy changes and both copies are refreshed it draws the new policy's (a stale packing would
-    not)."""
-    if packed_linear.unavailable_reason(dtype, torch.device("cpu")):
-        pytest.skip(packed_linear.unavailable_reason(dtype, torch.device("cpu")))
-    model, tokenizer, prompts = tiny
-    rows = [p for p in prompts for _ in range(3)]
-    engines = [engine_for(model, tokenizer, [tokenizer.eos_token_id], dtype=dtype, pack=pack) for pack in (False, True)]
-    plain, packed = engines
-    assert plain.packer is None and len(packed.packer.layers) > 0
-
-    def both():
-        drawn = []
-        for engine in engines:
-            torch.manual_seed(5)
-            drawn.append(engine.generate(rows))
-        (tokens, logps), (tokens_p, logps_p) = drawn
-        assert tokens_p == tokens and sum(map(len, tokens)) > len(rows)
-        tol = 1e-5 if dtype == torch.float32 else 1e-2
-        for a, b in zip(logps, logps_p):
-            assert a == pytest.approx(b, abs=tol)
-        return tokens
-
-    first = both()
-    assert packed.packer.rows == len(rows) and all(m.packed is not None for m in packed.packer.layers)
-    with torch.no_grad():
-        originals = {n: p.clone() for n, p in model.named_parameters()}
-        for p in model.parameters():
-            p.mul_(1.5)
-    try:
-        for engine in engines:
-            engine.refresh(model)
-        assert both() != first
-        packed.release()
-        assert all(m.packed is None for m in packed.packer.layers)  # the packed copies go back with the weights
-    finally:
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(originals[n])
-
-
-def test_pack_auto_packs_where_the_step_runs_eager(tiny, monkeypatch):
-    model, tokenizer, _ = tiny
-    eager = engine_for(model, tokenizer, [0], compile=False, pack="auto")
-    assert (eager.packer is not None) == (packed_linear.unavailable_reason(torch.float32, eager.device) is None)
-    monkeypatch.setattr(rollout, "compiler_missing", lambda: None)
-    compiled = engine_for(model, tokenizer, [0], compile="auto", pack="auto")
-    assert compiled.compiled and compiled.packer is None
-    forced = engine_for(model, tokenizer, [0], compile="auto", pack=True)
-    assert not forced.compiled and forced.packer is not None
-    with pytest.raises(ValueError, match="cannot be combined with train.rollout_compile=true"):
-        engine_for(model, tokenizer, [0], compile=True, pack=True)
 
 
 def test_release_gives_the_memory_back_and_a_refill_samples_as_before(tiny):
@@ -478,9 +422,6 @@ def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp
     ("train.rollout_is_mode=token", "train.rollout_is_mode='token' is not valid"),
     ("train.rollout_is_cap=0.5", "train.rollout_is_cap=0.5 must be"),
     ("train.rollout_compile=maybe", "train.rollout_compile='maybe' is not valid"),
-    ("train.rollout_pack=maybe", "train.rollout_pack='maybe' is not valid; choose one of: auto, true, false"),
-    ("train.rollout_pack=true,train.rollout_compile=true",
-     "train.rollout_pack=true runs the decoding step eager .* cannot be combined with train.rollout_compile=true"),
     ("train.rollout_old_logps=vllm", "train.rollout_old_logps='vllm' is not valid; choose one of: auto, policy, sampler"),
     ("train.rollout=engine,train.loss_type=vespo,train.rollout_is_mode=sequence_mask",
      "train.loss_type=vespo needs a token-level train.rollout_is_mode"),
