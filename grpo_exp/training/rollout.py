@@ -5,7 +5,8 @@ fp32 weights on every op of every token, runs eager Python for each decoding ste
 with `cat`. The engine instead keeps
 
 - a rollout copy of the policy in the machine's fastest native dtype (bf16 where the CPU computes it natively,
-  fp32 elsewhere), refreshed in place before the first generation after an optimizer step;
+  fp32 elsewhere), refreshed in place before the first generation after an optimizer step (an fp32 copy of an
+  fp32 policy shares the policy's storage instead: nothing to copy);
 - a static KV cache (transformers' StaticCache, allocated once per batch shape);
 - between rounds, through TRL's hook, the copy's weights and the cache give their memory back (`release`), since
   the training step between two rounds is where a run's memory peaks; the next round refills them;
@@ -174,9 +175,12 @@ def model_unsupported_reason(model) -> str | None:
 
 def rollout_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """A frozen copy of `model` with its parameters in `dtype`, built without a transient full-precision copy
-    (each parameter is cast straight into the copy; tied parameters stay tied). Buffers stay as they are:
-    the rotary frequencies keep their fp32 values, as the trained policy uses them."""
-    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
+    (each parameter is cast straight into the copy; tied parameters stay tied). A parameter already in `dtype`
+    is not copied: the copy's parameter shares the policy's storage (an fp32 copy of an fp32 policy holds no
+    second set of weights, and the optimizer's in-place updates are in it without a refresh). Buffers stay as
+    they are: the rotary frequencies keep their fp32 values, as the trained policy uses them."""
+    memo = {id(p): torch.nn.Parameter(p.detach() if p.dtype == dtype else p.detach().to(dtype, copy=True),
+                                      requires_grad=False)
             for p in model.parameters()}
     shell = copy.deepcopy(model, memo)
     shell.__dict__.pop("forward", None)  # accelerate's autocast wrapper, if the model was prepared already
@@ -197,6 +201,8 @@ class RolloutEngine:
         self.dtype = dtype
         self.model = rollout_copy(policy, dtype)
         self.device = next(self.model.parameters()).device
+        # the copy's parameters that are the policy's own storage (rollout_copy): never released, never copied
+        self.shared = self._shared_with(policy)
         self.max_new_tokens = int(max_new_tokens)
         # generate's min_new_tokens: no EOS can be drawn before this many tokens (its MinNewTokens processor)
         self.min_new_tokens = int(min_new_tokens or 0)
@@ -237,12 +243,22 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------------------------------------- weights
 
+    def _shared_with(self, policy: torch.nn.Module) -> set[str]:
+        src = dict(policy.named_parameters())
+        return {name for name, param in self.model.named_parameters()
+                if param.untyped_storage().data_ptr() == src[name].untyped_storage().data_ptr()}
+
     @torch.no_grad()
     def refresh(self, policy: torch.nn.Module) -> None:
-        """Copy the policy's current weights into the rollout copy, in place (cast to its dtype)."""
+        """Copy the policy's current weights into the rollout copy, in place (cast to its dtype). A parameter
+        that shares the policy's storage has them already; should the policy's parameter have been replaced by
+        another tensor since, the copy's takes the new one's storage."""
         src = dict(policy.named_parameters())
         for name, param in self.model.named_parameters():
-            param.copy_(src[name].detach())
+            if name not in self.shared:
+                param.copy_(src[name].detach())
+            elif param.data_ptr() != src[name].data_ptr():
+                param.data = src[name].detach()
 
     def sync(self, trainer) -> None:
         """Refresh once per optimizer step, before that step's first generation (TRL's vLLM sync does the same),
@@ -273,7 +289,8 @@ class RolloutEngine:
         cache = [t for layer in (self._cache.layers if self._cache is not None else [])
                  if getattr(layer, "is_initialized", False) for t in (layer.keys, layer.values)]
         seen: set[int] = set()
-        for tensor, is_cache in [*((p, False) for p in self.model.parameters()), *((t, True) for t in cache)]:
+        weights = [p for name, p in self.model.named_parameters() if name not in self.shared]  # not the policy's
+        for tensor, is_cache in [*((p, False) for p in weights), *((t, True) for t in cache)]:
             storage = tensor.untyped_storage()
             if storage.nbytes() == 0 or storage.data_ptr() in seen:  # tied weights share one storage
                 continue

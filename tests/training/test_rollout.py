@@ -5,6 +5,7 @@ speed belongs to grpo-bench."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -185,6 +186,45 @@ def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypat
         engine = engine_for(model, tokenizer, [0], compile="auto")
     assert not engine.compiled
     assert "decoding step runs eager (no C++ compiler" in caplog.text
+
+
+def test_an_fp32_copy_shares_the_fp32_policys_weights_and_release_keeps_them(tiny):
+    """An fp32 copy of an fp32 policy holds no second set of weights: it samples from the policy's current ones
+    (an in-place update is seen without a refresh, as the optimizer's are), and `release` gives back only the
+    cache, never the policy's storage."""
+    model, tokenizer, prompts = tiny
+    rows = [p for p in prompts for _ in range(2)]
+    eos = list(range(0, len(tokenizer), 10))
+    engine = engine_for(model, tokenizer, eos)
+    policy = dict(model.named_parameters())
+    assert engine.shared == set(policy)
+    for name, param in engine.model.named_parameters():
+        assert param.data_ptr() == policy[name].data_ptr() and not param.requires_grad
+    assert policy[name].requires_grad  # the policy still trains
+    with torch.no_grad():
+        originals = {n: p.clone() for n, p in model.named_parameters()}
+        for p in model.parameters():
+            p.mul_(1.5)
+    try:
+        torch.manual_seed(3)
+        ours, _ = engine.generate(rows)
+        torch.manual_seed(3)
+        assert ours == hf_generate(model, tokenizer, rows, eos, temperature=0.8, top_k=0, top_p=1.0)  # no refresh
+        engine.release()
+        assert engine.released and all(p.untyped_storage().nbytes() > 0 for p in model.parameters())
+        assert all(torch.equal(p, originals[n] * 1.5) for n, p in model.named_parameters())
+        # a policy parameter replaced by another tensor (not in place): refresh points the copy at it
+        head = model.get_output_embeddings().weight
+        head.data = head.detach().clone()
+        engine.sync(SimpleNamespace(state=SimpleNamespace(global_step=1), model=model))
+        assert engine.model.get_output_embeddings().weight.data_ptr() == head.data_ptr()
+        torch.manual_seed(3)
+        again, _ = engine.generate(rows)
+        assert again == ours
+    finally:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(originals[n])
 
 
 def test_release_gives_the_memory_back_and_a_refill_samples_as_before(tiny):
