@@ -280,10 +280,11 @@ class RolloutEngine:
         return bool(self._released)
 
     def release(self) -> None:
-        """Give the copy's weights and the decoding cache back until the next round. They are used only while
-        sampling; the training step between two rounds (activations, gradients, optimizer state, autocast's
-        bf16 weights) is where a run's resident memory peaks. Each tensor keeps its shape and identity, with an
-        empty storage, so the compiled step is not recompiled; `sync` refills them."""
+        """Give the copy's own weights (not those it shares with the policy) and the decoding cache back until the
+        next round. They are used only while sampling; the training step between two rounds (activations,
+        gradients, optimizer state, autocast's bf16 weights) is where a run's resident memory peaks. Each tensor
+        keeps its shape and identity, with an empty storage, so the compiled step is not recompiled; `sync`
+        refills them."""
         if self._released:
             return
         cache = [t for layer in (self._cache.layers if self._cache is not None else [])
