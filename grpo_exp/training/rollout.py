@@ -8,7 +8,7 @@ with `cat`. The engine instead keeps
   fp32 elsewhere), refreshed in place before the first generation after an optimizer step (an fp32 copy of an
   fp32 policy shares the policy's storage instead: nothing to copy);
 - a static KV cache (transformers' StaticCache, allocated once per batch shape);
-- between rounds, through TRL's hook, the copy's weights and the cache give their memory back (`release`), since
+- between rounds, through TRL's hook, the copy's own weights and the cache give their memory back (`release`), since
   the training step between two rounds is where a run's memory peaks; the next round refills them;
 - a batched prefill that runs each distinct prompt once (a GRPO batch holds every prompt `num_generations`
   times) and copies its cache rows to the group;
