@@ -235,7 +235,10 @@ class TrainConfig:
     # engine on a CPU: a bf16 copy where bf16 is native, an exact fp32 copy elsewhere; trl on CUDA; the default:
     # it brings the default run under its 20-minute budget on slower-memory CPUs, README, "The default run")
     rollout: str = "auto"
-    rollout_dtype: str = "auto"  # auto: bf16 where the hardware computes it natively, else fp32
+    # The engine's copy of the policy: autocast (bf16 Linear weights, the rest fp32, run under bf16 autocast: what
+    # bf16 training computes), bf16 (every weight bf16), fp32; auto: autocast where training runs under bf16
+    # autocast, else bf16 where the hardware computes it natively, else fp32 (training/rollout.py, copy_kind)
+    rollout_dtype: str = "auto"
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
     # cdf: one uniform number per row (fast); multinomial: generate's draws (the same tokens under the same seed)
     rollout_sampler: str = "cdf"
@@ -245,8 +248,9 @@ class TrainConfig:
     rollout_is_mode: str = "token_truncate"
     rollout_is_cap: float = 3.0
     # engine: PPO's old log-probs from a scoring forward of the policy (policy, with the correction above) or the
-    # sampler's own (sampler: no forward, no correction); auto: sampler where the copy is exact (an fp32 copy of a
-    # policy trained in fp32), policy elsewhere (training/rollout.py, old_logps_source)
+    # sampler's own (sampler: no forward, no correction); auto: sampler where the copy computes what the policy
+    # computes (an autocast copy under bf16 training, an fp32 copy under fp32), policy elsewhere
+    # (training/rollout.py, old_logps_source)
     rollout_old_logps: str = "auto"
     logging_steps: int = 1
     save_steps: int = MISSING
@@ -259,7 +263,7 @@ class TrainConfig:
     ROLLOUTS = ("auto", "trl", "engine")
     ATTENTIONS = ("auto", "sdpa", "grouped", "eager")
     LOGPROB_KERNELS = ("auto", "trl", "autocast")
-    ROLLOUT_DTYPES = ("auto", "bf16", "fp32")
+    ROLLOUT_DTYPES = ("auto", "autocast", "bf16", "fp32")
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")
     IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
     OLD_LOGPS = ("auto", "policy", "sampler")

@@ -4,9 +4,11 @@ Why: on a CPU, generation was more than half of a GRPO step, and `generate` unde
 fp32 weights on every op of every token, runs eager Python for each decoding step, and grows its KV cache
 with `cat`. The engine instead keeps
 
-- a rollout copy of the policy in the machine's fastest native dtype (bf16 where the CPU computes it natively,
-  fp32 elsewhere), refreshed in place before the first generation after an optimizer step (an fp32 copy of an
-  fp32 policy shares the policy's storage instead: nothing to copy);
+- a rollout copy of the policy that computes as the policy trains (`copy_kind`): under bf16 autocast, its
+  Linear weights cast to bf16 once per optimizer step and the rest the policy's own fp32 tensors, run under the
+  same autocast; in fp32, the policy's own tensors. It is refreshed in place before the first generation after
+  an optimizer step; what it shares with the policy needs no refresh. (A plain bf16 copy, every weight and the
+  residual stream in bf16, is `train.rollout_dtype=bf16`.)
 - a static KV cache (transformers' StaticCache, allocated once per batch shape);
 - between rounds, through TRL's hook, the copy's own weights and the cache give their memory back (`release`), since
   the training step between two rounds is where a run's memory peaks; the next round refills them;
@@ -23,12 +25,13 @@ temperature, then top-k, then top-p, the whole batch every step, pad tokens afte
 and an fp32 copy it draws the same tokens as `generate` under the same seed; the default sampler=cdf draws from
 the same distribution with one uniform number per row (tests/training/test_rollout.py checks both).
 
-Where the copy's dtype differs from the trained policy's, the samples come from a slightly different policy.
-`enable_is_correction` turns on TRL's own truncated importance-sampling correction (the one it applies to vLLM
-rollouts) on the sampler's log-probs, and `mismatch_metrics` logs the mismatch (mean KL, share of clipped tokens).
-Where it does not (an fp32 copy of a policy trained in fp32: AVX2-only CPUs), the sampler's log-probs are the
-policy's own, so they serve as PPO's old log-probs and TRL's extra scoring forward over the round is skipped
-(`old_logps_source`).
+Where the copy computes differently from the trained policy (a bf16 copy of a policy trained in fp32 or under
+autocast), the samples come from a slightly different policy. `enable_is_correction` turns on TRL's own truncated
+importance-sampling correction (the one it applies to vLLM rollouts) on the sampler's log-probs, and
+`mismatch_metrics` logs the mismatch (mean KL, share of clipped tokens). Where it computes the same (the autocast
+copy of a policy trained under bf16 autocast; an fp32 copy of one trained in fp32), the sampler's log-probs are
+the policy's own up to kernel rounding, so they serve as PPO's old log-probs and TRL's extra scoring forward over
+the round is skipped (`old_logps_source`); the trainer then measures the mismatch on the training forward itself.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ logger = log.get_logger(__name__)
 
 CHOICES = ("auto", "trl", "engine")  # train.rollout
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-DTYPES = ("auto", "bf16", "fp32")
+DTYPES = ("auto", "autocast", "bf16", "fp32")  # train.rollout_dtype: the copy's kind
 SAMPLERS = ("cdf", "multinomial")
 OLD_LOGPS = ("auto", "policy", "sampler")  # train.rollout_old_logps
 # the cache length is rounded up to this, so prompts of slightly different lengths reuse one compiled step
@@ -76,8 +79,20 @@ def resolve(choice: str) -> str:
     return "trl" if torch.cuda.is_available() else "engine"
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    return native_dtype() if name == "auto" else {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+def copy_kind(name: str, precision: str) -> str:
+    """The rollout copy `train.rollout_dtype` asks for, given the training precision.
+
+    autocast: the copy computes what bf16 autocast training computes (bf16 Linear weights, the embedding, norms
+    and residual stream in fp32, under bf16 autocast); bf16: every weight in bf16; fp32: the policy's own weights.
+    auto: autocast where the policy trains under bf16 autocast, else the machine's native dtype (fp32 without
+    native bf16)."""
+    from grpo_exp.base.cpu import resolve_precision
+
+    if name != "auto":
+        return name
+    if resolve_precision(precision) == "bf16":
+        return "autocast"
+    return "bf16" if native_dtype() == torch.bfloat16 else "fp32"
 
 
 def old_logps_source(choice: str, rollout_dtype: str, precision: str) -> str:
@@ -86,14 +101,16 @@ def old_logps_source(choice: str, rollout_dtype: str, precision: str) -> str:
     policy: TRL scores the round with the trained policy (one no-grad forward over every completion), and the
     importance-sampling correction weighs each token by pi_train / pi_sampler. sampler: the sampler's own
     log-probs are the old log-probs and nothing is corrected (PPO's clipped ratio is then taken against the
-    sampler). auto: sampler where the copy computes exactly what the policy computes (an fp32 copy of a policy
-    trained in fp32, refreshed before the round: the same weights and the same arithmetic, so the same
-    log-probs up to kernel rounding; tests/training/test_rollout.py), policy elsewhere (a bf16 copy differs)."""
+    sampler). auto: sampler where the copy computes what the policy computes (an fp32 copy of a policy trained
+    in fp32, or the autocast copy of one trained under bf16 autocast, refreshed before the round: the same
+    weights and the same arithmetic, so the same log-probs up to kernel rounding; tests/training/test_rollout.py
+    and README, Performance), policy elsewhere (a plain bf16 copy differs)."""
     from grpo_exp.base.cpu import resolve_precision
 
     if choice != "auto":
         return choice
-    exact = resolve_dtype(rollout_dtype) == torch.float32 and resolve_precision(precision) == "fp32"
+    kind, trained = copy_kind(rollout_dtype, precision), resolve_precision(precision)
+    exact = (kind, trained) in {("fp32", "fp32"), ("autocast", "bf16")}
     return "sampler" if exact else "policy"
 
 
@@ -173,16 +190,26 @@ def model_unsupported_reason(model) -> str | None:
     return shared_prefix.unsupported_reason(model) or _static_layers_ok(model.config)
 
 
-def rollout_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+def rollout_copy(model: torch.nn.Module, dtype: torch.dtype, autocast: bool = False) -> torch.nn.Module:
     """A frozen copy of `model` with its parameters in `dtype`, built without a transient full-precision copy
     (each parameter is cast straight into the copy; tied parameters stay tied). A parameter already in `dtype`
     is not copied: the copy's parameter shares the policy's storage (an fp32 copy of an fp32 policy holds no
     second set of weights, and the optimizer's in-place updates are in it without a refresh). Buffers stay as
-    they are: the rotary frequencies keep their fp32 values, as the trained policy uses them."""
-    memo = {id(p): torch.nn.Parameter(p.detach() if p.dtype == dtype else p.detach().to(dtype, copy=True),
-                                      requires_grad=False)
+    they are: the rotary frequencies keep their fp32 values, as the trained policy uses them.
+
+    autocast: only what autocast casts is copied into `dtype`, every Linear's weight; the embedding, norms and
+    biases are the policy's own tensors. An LM head tied to the embedding gets a `dtype` copy of its own, since
+    autocast casts it for the head and not for the lookup."""
+    embedding = model.get_input_embeddings().weight
+    cast = ({id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight is not embedding}
+            if autocast else {id(p) for p in model.parameters()})
+    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True) if id(p) in cast and p.dtype != dtype
+                                      else p.detach(), requires_grad=False)
             for p in model.parameters()}
     shell = copy.deepcopy(model, memo)
+    head = shell.get_output_embeddings()
+    if autocast and head.weight.dtype != dtype:
+        head.weight = torch.nn.Parameter(head.weight.detach().to(dtype, copy=True), requires_grad=False)
     shell.__dict__.pop("forward", None)  # accelerate's autocast wrapper, if the model was prepared already
     shell.eval()
     attention.use(shell, "grouped")
@@ -192,14 +219,17 @@ def rollout_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 class RolloutEngine:
     """Samples GRPO completions from a rollout copy of the policy; `rollout` is TRL's `rollout_func`."""
 
-    def __init__(self, policy: torch.nn.Module, *, dtype: torch.dtype, compile: bool | str = "auto",
+    def __init__(self, policy: torch.nn.Module, *, dtype: torch.dtype, autocast: bool = False,
+                 compile: bool | str = "auto",
                  max_new_tokens: int, temperature: float = 1.0, top_k: int | None = 0, top_p: float = 1.0,
                  eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf", min_new_tokens: int = 0):
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
         self.sampler = sampler
         self.dtype = dtype
-        self.model = rollout_copy(policy, dtype)
+        self.autocast = autocast  # compute under `dtype` autocast, as the policy trains (rollout_copy)
+        self.label = f"{str(dtype).replace('torch.', '')}{' autocast' if autocast else ''}"
+        self.model = rollout_copy(policy, dtype, autocast)
         self.device = next(self.model.parameters()).device
         # the copy's parameters that are the policy's own storage (rollout_copy): never released, never copied
         self.shared = self._shared_with(policy)
@@ -235,16 +265,15 @@ class RolloutEngine:
             self._step = torch.compile(self._eager_step, dynamic=False)
             self.compiled = True
             logger.warning("rollout engine: %s copy of the policy, decoding step compiled with torch.compile "
-                           "(inductor); the first round includes compilation", str(dtype).replace("torch.", ""))
+                           "(inductor); the first round includes compilation", self.label)
         else:
             self._step = self._eager_step
-            logger.warning("rollout engine: %s copy of the policy, decoding step runs eager (%s)",
-                           str(dtype).replace("torch.", ""), why)
+            logger.warning("rollout engine: %s copy of the policy, decoding step runs eager (%s)", self.label, why)
 
     # ------------------------------------------------------------------------------------------------- weights
 
     def _shared_with(self, policy: torch.nn.Module) -> set[str]:
-        src = dict(policy.named_parameters())
+        src = dict(policy.named_parameters(remove_duplicate=False))  # a tied head untied in the copy has its name
         return {name for name, param in self.model.named_parameters()
                 if param.untyped_storage().data_ptr() == src[name].untyped_storage().data_ptr()}
 
@@ -253,7 +282,7 @@ class RolloutEngine:
         """Copy the policy's current weights into the rollout copy, in place (cast to its dtype). A parameter
         that shares the policy's storage has them already; should the policy's parameter have been replaced by
         another tensor since, the copy's takes the new one's storage."""
-        src = dict(policy.named_parameters())
+        src = dict(policy.named_parameters(remove_duplicate=False))
         for name, param in self.model.named_parameters():
             if name not in self.shared:
                 param.copy_(src[name].detach())
@@ -311,14 +340,21 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------------------------------------ sampling
 
+    @property
+    def filters(self) -> bool:
+        """Whether sampling renormalises over fewer tokens than the policy's tempered distribution (top-k, top-p,
+        min_new_tokens): its log-probs then differ from the policy's where a filter removed mass."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_new_tokens > 0
+
     def _last_logits(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """The next-token logits (fp32) after the last position of every row. The LM head is applied to a 2-D
         hidden state: `logits_to_keep=1` slices [B, 1, H] out of a longer sequence, and torch's matmul then
         expands the head's weight to a [B, H, V] copy (0.6 s for 4 prompts of the default model)."""
-        out = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                            use_cache=True, **{self._cache_kwarg: cache})
-        hidden = out.last_hidden_state[:, -1]
-        return torch.nn.functional.linear(hidden, self.head.weight, self.head.bias).float()
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
+            out = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                use_cache=True, **{self._cache_kwarg: cache})
+            hidden = out.last_hidden_state[:, -1]
+            return torch.nn.functional.linear(hidden, self.head.weight, self.head.bias).float()
 
     def _eager_step(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """One decoding step: the next-token logits (fp32) of every row."""
@@ -422,8 +458,7 @@ class RolloutEngine:
         # keep_logps: the policy's plain tempered log-probs of the drawn tokens, which PPO's old log-probs are
         # (TRL scores without top-k, top-p or min_new_tokens); the sampling ones above are renormalised over the
         # tokens those filters keep, so they differ wherever a filter removed mass
-        filtered = self.top_k > 0 or self.top_p < 1.0 or self.min_new_tokens > 0
-        score_unfiltered = self.keep_logps and filtered
+        score_unfiltered = self.keep_logps and self.filters
         policy_logps = torch.zeros_like(logps) if score_unfiltered else None
         unfinished = torch.ones(rows, dtype=torch.bool, device=self.device)
         steps = 0
@@ -477,7 +512,7 @@ class RolloutEngine:
         self.sync(trainer)
         prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
         device_type = self.device.type
-        with torch.autocast(device_type=device_type, enabled=False):  # the copy computes in its own dtype
+        with torch.autocast(device_type=device_type, enabled=False):  # the copy sets its own (_last_logits)
             completion_ids, logprobs = self.generate(prompt_ids)
         self.release()  # until the next round: the training step comes next
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
@@ -551,8 +586,10 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
         log = logger.warning if train_cfg.rollout == "engine" else logger.info
         log("train.rollout=%s: the engine is not used for %s; TRL's generation runs", train_cfg.rollout, why)
         return None
+    kind = copy_kind(train_cfg.rollout_dtype, train_cfg.precision)
     engine = RolloutEngine(
-        trainer.model, dtype=resolve_dtype(train_cfg.rollout_dtype), compile=train_cfg.rollout_compile,
+        trainer.model, dtype=torch.float32 if kind == "fp32" else torch.bfloat16, autocast=kind == "autocast",
+        compile=train_cfg.rollout_compile,
         max_new_tokens=trainer.max_completion_length, temperature=trainer.temperature, top_k=trainer.top_k,
         top_p=trainer.top_p, eos_token_ids=list(trainer.eos_token_ids),
         pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler,
@@ -563,7 +600,7 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
         engine.keep_logps = True
         logger.info("train.rollout_old_logps=%s: PPO's old log-probs are the sampler's (%s copy); TRL's scoring "
                     "forward over each round is skipped and no importance weights apply", train_cfg.rollout_old_logps,
-                    str(engine.dtype).replace("torch.", ""))
+                    engine.label)
     elif trainer.args.vllm_importance_sampling_correction:
         enable_is_correction(trainer)
     return engine

@@ -140,6 +140,8 @@ class GrpoExpTrainer(GRPOTrainer):
         if rollout_cfg is not None and rollout_cfg.rollout == "auto":
             logger.info("train.rollout=auto: %s", path)
         self.rollout_engine = rollout.build_engine(self, rollout_cfg) if path == "engine" else None
+        # (the sampler's log-probs, completion mask) of a batch whose training forward measures the mismatch
+        self._mismatch_batch: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _guard_reward(self, func: Callable) -> Callable:
         """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
@@ -161,6 +163,19 @@ class GrpoExpTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **model_kwargs):
+        """TRL's scoring forward (`_scored`); on the training forward of a batch marked by compute_loss, the
+        sampler's mismatch with the trained policy is measured on the way."""
+        scored = self._scored(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                              compute_aux_loss, **model_kwargs)
+        batch, self._mismatch_batch = self._mismatch_batch, None
+        if batch is not None and scored[0].shape == batch[0].shape:
+            stats = rollout.mismatch_metrics(scored[0].detach(), *batch, "token_mask", None)
+            for key in ("rollout/kl", "rollout/logp_diff_abs"):  # nothing is capped: no clipped share
+                self._metrics["train"][key].append(stats[key])
+        return scored
+
+    def _scored(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+                compute_aux_loss=False, **model_kwargs):
         """TRL's scoring forward, with each distinct prompt run once per chunk (train.shared_prefix).
 
         With train.rollout_old_logps=sampler, TRL's no-grad scoring of the round by the policy (its old
@@ -224,6 +239,17 @@ class GrpoExpTrainer(GRPOTrainer):
         return super()._prepare_inputs(generation_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        engine = self.rollout_engine
+        if engine is not None and engine.keep_logps and model.training and engine.synced_step == self.state.global_step:
+            # The sampler's log-probs stand in for the policy's (its unfiltered ones are the old log-probs, or with
+            # nothing filtered the sampling ones), and the policy has not changed since it sampled, so the training
+            # forward's log-probs are what a scoring forward would give: their difference is the sampler's
+            # mismatch, measured at no cost (rollout/kl, as TRL's scoring measures it otherwise)
+            sampler = inputs.get("old_per_token_logps")
+            if sampler is None and not engine.filters:
+                sampler = inputs.get("sampling_per_token_logps")
+            if sampler is not None:
+                self._mismatch_batch = (sampler, inputs["completion_mask"])
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if self.extra_loss is not None and model.training:
             loss = loss + self.extra_loss_term(model)

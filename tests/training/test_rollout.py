@@ -273,6 +273,79 @@ def test_refresh_copies_in_place_into_the_bf16_copy(tiny):
                 p.copy_(originals[n])
 
 
+def test_the_autocast_copy_casts_what_autocast_casts_and_shares_the_rest(tiny):
+    """train.rollout_dtype=autocast: every Linear weight a bf16 copy (the tied LM head one of its own), the
+    embedding, norms and buffers the policy's own fp32 tensors; a refresh recasts the Linear weights in place."""
+    model, tokenizer, _ = tiny
+    engine = engine_for(model, tokenizer, [0], dtype=torch.bfloat16, autocast=True)
+    policy = dict(model.named_parameters(remove_duplicate=False))
+    linear = {f"{n}.weight" for n, m in engine.model.named_modules() if isinstance(m, torch.nn.Linear)}
+    params = dict(engine.model.named_parameters())
+    assert "lm_head.weight" in linear and "lm_head.weight" in params  # untied in the copy
+    for name, param in params.items():
+        assert not param.requires_grad
+        if name in linear:
+            assert param.dtype == torch.bfloat16 and param.data_ptr() != policy[name].data_ptr(), name
+        else:  # embedding and norms: the policy's storage, never copied or released
+            assert param.dtype == torch.float32 and param.data_ptr() == policy[name].data_ptr(), name
+    assert engine.shared == set(params) - linear
+    pointers = {n: p.data_ptr() for n, p in params.items()}
+    with torch.no_grad():
+        originals = {n: p.clone() for n, p in model.named_parameters()}
+        for p in model.parameters():
+            p.add_(0.01)
+    try:
+        engine.refresh(model)
+        for name, param in engine.model.named_parameters():
+            assert param.data_ptr() == pointers[name]  # no re-allocation
+            torch.testing.assert_close(param, policy[name].detach().to(param.dtype), atol=0, rtol=0)
+        engine.release()  # gives back the bf16 copies only
+        assert all(params[n].untyped_storage().nbytes() == 0 for n in linear)
+        assert all(p.untyped_storage().nbytes() > 0 for p in model.parameters())
+    finally:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(originals[n])
+
+
+def test_the_autocast_copy_computes_what_the_autocast_policy_computes(tiny):
+    """The autocast copy's prefill logits are the policy's under bf16 autocast, bit for bit (the same ops in the
+    same dtypes), where a plain bf16 copy (bf16 embedding and residual stream) differs; and the log-probs it
+    samples with are the autocast policy's tempered log-probs up to the rounding of another batch shape."""
+    from transformers import DynamicCache
+
+    model, tokenizer, prompts = tiny
+    eos = [tokenizer.eos_token_id]
+    ids = torch.tensor([prompts[1]])
+    positions = torch.arange(ids.size(1))[None]
+    own = model.config._attn_implementation
+    attention.use(model, "grouped")  # the copy's attention, as training sets it for the policy (train.attention)
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # the head on the last position only
+            hidden = model.model(input_ids=ids, position_ids=positions).last_hidden_state[:, -1]
+            expected = model.lm_head(hidden).float()
+        logits = {}
+        for autocast in (True, False):
+            engine = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, autocast=autocast)
+            with torch.no_grad():
+                logits[autocast] = engine._last_logits(ids, positions, torch.ones_like(ids),
+                                                       DynamicCache(config=model.config))
+        torch.testing.assert_close(logits[True], expected, atol=0, rtol=0)
+        assert (logits[False] - expected).abs().max() > 1e-3  # a plain bf16 copy is another arithmetic
+
+        rows = [p for p in prompts for _ in range(2)]
+        engine = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, autocast=True, max_new_tokens=8)
+        torch.manual_seed(2)
+        completions, logps = engine.generate(rows)
+        for row, completion, sampled in zip(rows, completions, logps):
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                scores = model(input_ids=torch.tensor([row + completion])).logits[0, len(row) - 1:-1].float() / 0.8
+            policy = torch.log_softmax(scores, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+            torch.testing.assert_close(torch.tensor(sampled), policy, atol=0.05, rtol=0)
+    finally:
+        model.set_attn_implementation(own)
+
+
 # ------------------------------------------------------------------------------------------ importance sampling
 
 
@@ -340,8 +413,13 @@ def test_one_grpo_step_through_each_rollout_path(tmp_path, path):
     row = trainer.state.log_history[0]
     if path == "engine":
         assert trainer.rollout_engine.dtype == rollout.native_dtype()
-        assert "sampling_per_token_logps" in seen[0] and "importance_sampling_ratio" in seen[0]
-        for key in ("rollout/kl", "rollout/clipped_frac", "sampling/importance_sampling_ratio/mean"):
+        assert "sampling_per_token_logps" in seen[0]
+        # the mismatch is logged either way: from TRL's scoring forward, or measured on the training forward
+        corrected = rollout.old_logps_source("auto", "auto", "auto") == "policy"
+        assert ("importance_sampling_ratio" in seen[0]) == corrected
+        keys = ("rollout/kl", "rollout/clipped_frac", "sampling/importance_sampling_ratio/mean") if corrected else (
+            "rollout/kl", "rollout/logp_diff_abs")
+        for key in keys:
             assert math.isfinite(row[key]), key
         assert row["rollout/kl"] >= 0
     else:
@@ -387,7 +465,9 @@ def test_an_exact_copys_log_probs_stand_in_for_trls_scoring_forward(tmp_path, sa
     assert trainer.rollout_engine.keep_logps and not trainer.use_vllm
     first = seen[0]
     mask = first["completion_mask"].bool()
-    assert "importance_sampling_ratio" not in first and "rollout/kl" not in trainer.state.log_history[0]
+    assert "importance_sampling_ratio" not in first
+    # the mismatch, measured on the training forward of the round's first step: none beyond kernel rounding
+    assert 0 <= trainer.state.log_history[0]["rollout/kl"] < 1e-6
     if not sampling:  # unfiltered: the sampling log-probs themselves
         assert torch.equal(first["old_per_token_logps"][mask], first["sampling_per_token_logps"][mask])
     else:  # the filters removed mass: sampling log-probs are higher than the policy's
@@ -407,9 +487,44 @@ def test_an_exact_copys_log_probs_stand_in_for_trls_scoring_forward(tmp_path, sa
 
 @pytest.mark.parametrize("choice,dtype,precision,expected", [
     ("auto", "fp32", "fp32", "sampler"), ("auto", "bf16", "fp32", "policy"), ("auto", "fp32", "bf16", "policy"),
-    ("policy", "fp32", "fp32", "policy"), ("sampler", "bf16", "bf16", "sampler")])
+    ("auto", "autocast", "bf16", "sampler"), ("auto", "auto", "bf16", "sampler"), ("auto", "bf16", "bf16", "policy"),
+    ("auto", "autocast", "fp32", "policy"), ("policy", "fp32", "fp32", "policy"),
+    ("sampler", "bf16", "bf16", "sampler")])
 def test_old_log_probs_come_from_the_sampler_only_where_the_copy_is_exact(choice, dtype, precision, expected):
     assert rollout.old_logps_source(choice, dtype, precision) == expected
+
+
+@pytest.mark.parametrize("native,precision,expected", [
+    (torch.bfloat16, "bf16", "autocast"), (torch.bfloat16, "fp32", "bf16"), (torch.float32, "fp32", "fp32"),
+    (torch.float32, "bf16", "autocast")])
+def test_auto_copies_the_policy_as_it_trains(monkeypatch, native, precision, expected):
+    monkeypatch.setattr(rollout, "native_dtype", lambda: native)
+    assert rollout.copy_kind("auto", precision) == expected
+    assert all(rollout.copy_kind(kind, precision) == kind for kind in ("autocast", "bf16", "fp32"))
+
+
+AUTOCAST_COPY = ["train.rollout=engine", "train.precision=bf16", "train.max_steps=2", "train.steps_per_generation=2"]
+
+
+def test_the_autocast_copys_log_probs_stand_in_for_trls_scoring_forward_under_bf16_training(tmp_path):
+    """Under bf16 autocast training the autocast copy's log-probs are PPO's old ones (no scoring forward, no
+    importance weights), the mismatch is measured on the round's first training forward, and the same round
+    scored by the policy gives the same old log-probs up to bf16 rounding."""
+    trainer, seen, losses, moved = one_step(tmp_path / "sampler", AUTOCAST_COPY)
+    engine = trainer.rollout_engine
+    assert engine.autocast and engine.keep_logps and not trainer.use_vllm
+    first = seen[0]
+    mask = first["completion_mask"].bool()
+    assert "importance_sampling_ratio" not in first
+    assert torch.equal(first["old_per_token_logps"][mask], first["sampling_per_token_logps"][mask])
+    kl = trainer.state.log_history[0]["rollout/kl"]
+    assert 0 <= kl < 1e-3 and len(losses) == 2 and all(math.isfinite(x) for x in losses) and moved
+
+    scored, seen_p, _, _ = one_step(tmp_path / "policy", [*AUTOCAST_COPY, "train.rollout_old_logps=policy"])
+    assert scored.use_vllm and "importance_sampling_ratio" in seen_p[0]
+    assert torch.equal(seen_p[0]["completion_ids"], first["completion_ids"])
+    torch.testing.assert_close(seen_p[0]["old_per_token_logps"][mask], first["old_per_token_logps"][mask],
+                               atol=0.05, rtol=0)
 
 
 def test_a_bf16_copy_keeps_trls_scoring_and_correction(tmp_path):
@@ -424,9 +539,9 @@ def test_engine_refreshes_after_each_optimizer_step(tmp_path):
     assert engine.synced_step == 1  # the second step's generation saw the first step's weights
     assert engine.released  # given back after its last round, through TRL's hook
     engine.sync(trainer)  # after step 2: refreshed to the final weights
+    policy = dict(trainer.model.named_parameters(remove_duplicate=False))
     for name, param in engine.model.named_parameters():
-        expected = dict(trainer.model.named_parameters())[name].detach().to(engine.dtype)
-        torch.testing.assert_close(param, expected)
+        torch.testing.assert_close(param, policy[name].detach().to(param.dtype))
 
 
 def test_what_the_engine_cannot_serve_falls_back_to_trl(tmp_path, caplog):
@@ -447,12 +562,12 @@ def test_auto_takes_the_engine_on_a_cpu_and_trl_on_cuda(monkeypatch, native, cud
 
 
 def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp_path):
-    """On this machine: the engine on a CPU (TRL's correction on for a bf16 copy, off for an exact fp32 one),
-    TRL's `generate` on CUDA."""
+    """On this machine: the engine on a CPU (TRL's correction off for a copy that computes as the policy trains,
+    the autocast copy under bf16 training or an fp32 copy under fp32), TRL's `generate` on CUDA."""
     trainer, seen, losses, moved = one_step(tmp_path, ["train.rollout=auto"])
     engine_expected = rollout.resolve("auto") == "engine"
     assert (trainer.rollout_engine is not None) == engine_expected
-    corrected = engine_expected and rollout.native_dtype() == torch.bfloat16
+    corrected = engine_expected and rollout.old_logps_source("auto", "auto", "auto") == "policy"
     assert ("importance_sampling_ratio" in seen[0]) == corrected
     assert losses and math.isfinite(losses[0]) and moved
 
