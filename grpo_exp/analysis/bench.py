@@ -1,7 +1,7 @@
 """Benchmark grpo-exp's training path against a plain TRL GRPOTrainer on the same prompts and settings.
 
     grpo-bench                                   # default model, 1 warm-up + 5 measured steps each
-    grpo-bench --profile                         # + where the time goes inside a step
+    grpo-bench --profile                         # + where the time goes inside a step, and where RSS peaks
     grpo-bench --override train=fast             # measure grpo-exp with other config overrides
     grpo-bench --candidate fast=train=fast --candidate static=+train.extra.cache_implementation=static
     grpo-bench --candidate passive=cpu.omp_wait_policy=passive --candidate trl_passive=kind=trl,env.OMP_WAIT_POLICY=PASSIVE
@@ -207,6 +207,16 @@ def profile_table(results: dict) -> str:
             share = f" ({100 * v / prof['step']:.0f}%)" if v is not None and k != "step" and prof.get("step") else ""
             cells.append(f"{fmt(v)}{share}")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    peaks = [n for n in names if results[n].get("peak_rss_rise_mb")]
+    if peaks:
+        parts = [k for k in ("setup", *PROFILE_PARTS, "other")
+                 if any(k in results[n]["peak_rss_rise_mb"] for n in peaks)]
+        lines += ["", "| part (MB it raised the peak RSS by, whole run) | " + " | ".join(peaks) + " |",
+                  "|---|" + "---|" * len(peaks)]
+        for k in parts:
+            lines.append(f"| {k} | " + " | ".join(
+                fmt(results[n]["peak_rss_rise_mb"].get(k), 0) + (" (peak)" if results[n].get("peak_rss_part") == k
+                                                                 else "") for n in peaks) + " |")
     return "\n".join(lines)
 
 
@@ -389,7 +399,8 @@ def machine_info() -> str:
 
 class StepRecorder:
     """A TrainerCallback timing each optimizer step and reading TRL's per-step log line; with `profile`,
-    also a set of timers the child wraps around the trainer's methods."""
+    also a set of timers the child wraps around the trainer's methods, and which of those parts raised the
+    process's peak RSS (VmHWM, read as each part ends: one small file read, not a sampler thread)."""
 
     def __init__(self, gen_batch: int, profile: bool):
         from transformers import TrainerCallback
@@ -398,6 +409,11 @@ class StepRecorder:
         self.profile = profile
         self.steps: list[dict] = []
         self.profile_steps: list[dict] = []
+        # MB by which each part raised the peak RSS over the whole run (setup: before the first step), and the
+        # part in which the run's peak was reached
+        self.peak_rise_mb: dict[str, float] = {}
+        self.peak_part: str | None = None
+        self._hwm = 0.0
         self._current: dict[str, float] = {}
         self._t0 = 0.0
         self._opt_t0 = 0.0
@@ -405,16 +421,20 @@ class StepRecorder:
 
         class _Callback(TrainerCallback):
             def on_step_begin(self, args, state, control, **kw):
+                rec.note_peak("other" if rec.steps else "setup")
                 rec._current = {}
                 rec._t0 = time.perf_counter()
 
             def on_pre_optimizer_step(self, args, state, control, **kw):
+                rec.note_peak("other")
                 rec._opt_t0 = time.perf_counter()
 
             def on_optimizer_step(self, args, state, control, **kw):
                 rec.add("optimizer", time.perf_counter() - rec._opt_t0)
+                rec.note_peak("optimizer")
 
             def on_step_end(self, args, state, control, **kw):
+                rec.note_peak("other")
                 elapsed = time.perf_counter() - rec._t0
                 rec.steps.append({"step": state.global_step, "time_s": round(elapsed, 4)})
                 if rec.profile:
@@ -442,6 +462,15 @@ class StepRecorder:
     def add(self, part: str, seconds: float) -> None:
         self._current[part] = self._current.get(part, 0.0) + seconds
 
+    def note_peak(self, part: str) -> None:
+        """Charge any rise of the peak RSS since the last reading to `part` (what ran in between)."""
+        if not self.profile:
+            return
+        hwm = _vmhwm_mb()
+        if hwm is not None and hwm > self._hwm:
+            self.peak_rise_mb[part] = round(self.peak_rise_mb.get(part, 0.0) + hwm - self._hwm, 1)
+            self.peak_part, self._hwm = part, hwm
+
     def wrap(self, obj, method: str, part) -> None:
         """Replace obj.method by a timed version; `part` is a name or a function of nothing giving one."""
         import functools
@@ -450,11 +479,14 @@ class StepRecorder:
 
         @functools.wraps(original)
         def timed(*a, **kw):
+            self.note_peak("other")  # a rise since the last reading happened outside the timed parts
             t0 = time.perf_counter()
             try:
                 return original(*a, **kw)
             finally:
-                self.add(part() if callable(part) else part, time.perf_counter() - t0)
+                name = part() if callable(part) else part
+                self.add(name, time.perf_counter() - t0)
+                self.note_peak(name)
 
         setattr(obj, method, timed)
 
@@ -626,6 +658,7 @@ def child_main(spec_path: Path) -> int:
         "child_vmhwm_mb": _vmhwm_mb(), "steps": recorder.steps,
         "model_shape": model_shape(parts.model, parts.tokenizer, parts.train_dataset),
         "profile_steps": recorder.profile_steps or None,
+        "peak_rss_part": recorder.peak_part, "peak_rss_rise_mb": recorder.peak_rise_mb or None,
         "torch": torch.__version__, "env": {k: os.environ.get(k) for k in env_names},
         "env_at_start": env_at_start,  # what OpenMP read when torch loaded (grpo-exp: after grpo_exp's default)
         "loadavg_end": os.getloadavg(), "loadavg_start": loadavg_start,

@@ -86,8 +86,26 @@ def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_pro
     assert report["machine_limits"]["gemm_gflops"]["bf16"] > 0
     for name in variants:
         assert report["floor"][name]["floor_s"] > 0 and report["floor"][name]["multiple"] > 1
+    for name, res in variants.items():  # which part raised the peak RSS, charged in full
+        rises = res["peak_rss_rise_mb"]
+        assert res["peak_rss_part"] in rises and rises["setup"] > 100, name
+        assert set(rises) <= {"setup", *bench.PROFILE_PARTS, "other"}, name
+        assert 0 < sum(rises.values()) <= res["child_vmhwm_mb"] + 0.1, name
     md = (out / "bench.md").read_text()
-    assert "x floor" in md and "tok/s vs trl-defaults" in md
+    assert "x floor" in md and "tok/s vs trl-defaults" in md and "MB it raised the peak RSS by" in md
+
+
+def test_the_peak_rss_is_charged_to_the_part_that_raised_it(monkeypatch):
+    readings = iter([100.0, 150.0, 150.0, 120.0, 170.0])
+    monkeypatch.setattr(bench, "_vmhwm_mb", lambda: next(readings))
+    recorder = bench.StepRecorder(gen_batch=1, profile=True)
+    for part in ("setup", "backward", "generation", "generation", "other"):
+        recorder.note_peak(part)
+    assert recorder.peak_rise_mb == {"setup": 100.0, "backward": 50.0, "other": 20.0}
+    assert recorder.peak_part == "other"
+    quiet = bench.StepRecorder(gen_batch=1, profile=False)  # without --profile nothing is read
+    quiet.note_peak("setup")
+    assert quiet.peak_rise_mb == {} and quiet.peak_part is None
 
 
 def test_beta_reaches_every_variant_of_the_bench(tmp_path):
