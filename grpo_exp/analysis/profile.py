@@ -124,8 +124,7 @@ def run(args) -> int:
 
 def _engine_round(args, model, tokenizer, prompts, pad):
     """A decoding round through the rollout engine as training builds it (the copy `train.rollout_dtype=auto`
-    makes for --precision, compiled where a C++ compiler is): (the timed round, the copy's LM head weight, a
-    label)."""
+    makes, compiled where a C++ compiler is): (the timed round, the copy's LM head weight, a label)."""
     import torch
 
     from grpo_exp.training import rollout
@@ -137,7 +136,7 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True  # the compiled step's kernels listed by name
-    kind = rollout.copy_kind("auto", args.precision)
+    kind = rollout.copy_kind("auto")
     engine = rollout.RolloutEngine(model, dtype=torch.float32 if kind == "fp32" else torch.bfloat16,
                                    autocast=kind == "autocast", compile="auto", max_new_tokens=args.tokens,
                                    temperature=1.0, top_k=0, top_p=1.0, eos_token_ids=[tokenizer.eos_token_id],

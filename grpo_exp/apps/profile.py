@@ -15,7 +15,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
                    help="--path generate: fp32, or under bf16 autocast as TRL runs it with bf16 training; auto "
                         "(the default) picks as train.precision=auto does (bf16 where the CPU has it natively). "
-                        "--path engine: the copy made for this precision (bf16 autocast copy under bf16)")
+                        "--path engine: the copy train.rollout_dtype=auto makes (bf16 where native, else fp32)")
     p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m)")
     p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per sequence, forced (default 64)")

@@ -235,9 +235,10 @@ class TrainConfig:
     # engine on a CPU: a bf16 copy where bf16 is native, an exact fp32 copy elsewhere; trl on CUDA; the default:
     # it brings the default run under its 20-minute budget on slower-memory CPUs, README, "The default run")
     rollout: str = "auto"
-    # The engine's copy of the policy: autocast (bf16 Linear weights, the rest fp32, run under bf16 autocast: what
-    # bf16 training computes), bf16 (every weight bf16), fp32; auto: autocast where training runs under bf16
-    # autocast, else bf16 where the hardware computes it natively, else fp32 (training/rollout.py, copy_kind)
+    # The engine's copy of the policy: bf16 (every weight bf16), fp32, autocast (bf16 Linear weights, the rest
+    # fp32, run under bf16 autocast: what bf16 training computes, so its log-probs replace TRL's scoring forward;
+    # faster, not the default: README, Performance, "The autocast copy"); auto: bf16 where the hardware computes
+    # it natively, else fp32 (training/rollout.py, copy_kind)
     rollout_dtype: str = "auto"
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
     # cdf: one uniform number per row (fast); multinomial: generate's draws (the same tokens under the same seed)
@@ -249,7 +250,7 @@ class TrainConfig:
     rollout_is_cap: float = 3.0
     # engine: PPO's old log-probs from a scoring forward of the policy (policy, with the correction above) or the
     # sampler's own (sampler: no forward, no correction); auto: sampler where the copy computes what the policy
-    # computes (an autocast copy under bf16 training, an fp32 copy under fp32), policy elsewhere
+    # computes (an fp32 copy under fp32 training, an autocast copy under bf16), policy elsewhere
     # (training/rollout.py, old_logps_source)
     rollout_old_logps: str = "auto"
     logging_steps: int = 1

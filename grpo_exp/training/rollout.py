@@ -4,11 +4,11 @@ Why: on a CPU, generation was more than half of a GRPO step, and `generate` unde
 fp32 weights on every op of every token, runs eager Python for each decoding step, and grows its KV cache
 with `cat`. The engine instead keeps
 
-- a rollout copy of the policy that computes as the policy trains (`copy_kind`): under bf16 autocast, its
-  Linear weights cast to bf16 once per optimizer step and the rest the policy's own fp32 tensors, run under the
-  same autocast; in fp32, the policy's own tensors. It is refreshed in place before the first generation after
-  an optimizer step; what it shares with the policy needs no refresh. (A plain bf16 copy, every weight and the
-  residual stream in bf16, is `train.rollout_dtype=bf16`.)
+- a rollout copy of the policy (`copy_kind`) in the machine's native dtype: bf16 where it is native (every
+  weight and the residual stream in bf16), else fp32, the policy's own tensors (shared: nothing to copy).
+  `train.rollout_dtype=autocast` asks for a copy that computes what bf16 autocast training computes: its Linear
+  weights cast to bf16, the rest the policy's own fp32 tensors, run under the same autocast. A copy is
+  refreshed in place before the first generation after an optimizer step; what it shares needs no refresh.
 - a static KV cache (transformers' StaticCache, allocated once per batch shape);
 - between rounds, through TRL's hook, the copy's own weights and the cache give their memory back (`release`), since
   the training step between two rounds is where a run's memory peaks; the next round refills them;
@@ -79,19 +79,16 @@ def resolve(choice: str) -> str:
     return "trl" if torch.cuda.is_available() else "engine"
 
 
-def copy_kind(name: str, precision: str) -> str:
-    """The rollout copy `train.rollout_dtype` asks for, given the training precision.
+def copy_kind(name: str) -> str:
+    """The rollout copy `train.rollout_dtype` asks for.
 
     autocast: the copy computes what bf16 autocast training computes (bf16 Linear weights, the embedding, norms
     and residual stream in fp32, under bf16 autocast); bf16: every weight in bf16; fp32: the policy's own weights.
-    auto: autocast where the policy trains under bf16 autocast, else the machine's native dtype (fp32 without
-    native bf16)."""
-    from grpo_exp.base.cpu import resolve_precision
-
+    auto: the machine's native dtype (bf16 where it is native, else fp32). The autocast copy is faster under
+    bf16 training (its log-probs replace TRL's scoring forward) but is not `auto`'s choice: in its seeds check
+    one of the default run's seeds collapsed (README, Performance: "The autocast copy")."""
     if name != "auto":
         return name
-    if resolve_precision(precision) == "bf16":
-        return "autocast"
     return "bf16" if native_dtype() == torch.bfloat16 else "fp32"
 
 
@@ -109,7 +106,7 @@ def old_logps_source(choice: str, rollout_dtype: str, precision: str) -> str:
 
     if choice != "auto":
         return choice
-    kind, trained = copy_kind(rollout_dtype, precision), resolve_precision(precision)
+    kind, trained = copy_kind(rollout_dtype), resolve_precision(precision)
     exact = (kind, trained) in {("fp32", "fp32"), ("autocast", "bf16")}
     return "sampler" if exact else "policy"
 
@@ -586,7 +583,7 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
         log = logger.warning if train_cfg.rollout == "engine" else logger.info
         log("train.rollout=%s: the engine is not used for %s; TRL's generation runs", train_cfg.rollout, why)
         return None
-    kind = copy_kind(train_cfg.rollout_dtype, train_cfg.precision)
+    kind = copy_kind(train_cfg.rollout_dtype)
     engine = RolloutEngine(
         trainer.model, dtype=torch.float32 if kind == "fp32" else torch.bfloat16, autocast=kind == "autocast",
         compile=train_cfg.rollout_compile,

@@ -151,15 +151,6 @@ def test_the_default_samples_with_the_engine_and_rollout_trl_gives_the_earlier_p
     assert {k for k in default if default[k] != earlier[k]} == {"rollout", "attention"}
 
 
-def test_the_default_copy_is_chosen_by_machine_and_rollout_bf16_gives_the_earlier_copy(tmp_path):
-    # README, "How the default was chosen": the autocast copy under bf16 training since 2026-11-28 (`auto`); the
-    # plain bf16 copy with TRL's scoring and correction before it
-    default = compose_cfg(["stage=basic"], tmp_path).train
-    earlier = compose_cfg(["stage=basic", "ablation=rollout_bf16"], tmp_path).train
-    assert (default.rollout_dtype, earlier.rollout_dtype) == ("auto", "bf16")
-    assert {k for k in default if default[k] != earlier[k]} == {"rollout_dtype"}
-
-
 def test_basic_stage_has_a_kl_penalty_and_beta_0_turns_it_off(tmp_path):
     # README, "How the default was chosen": the basic stage's own setting, chosen over seeds; the later
     # stages were measured without it and keep TRL's beta 0 (conf/train/default.yaml)

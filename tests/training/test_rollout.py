@@ -487,23 +487,22 @@ def test_an_exact_copys_log_probs_stand_in_for_trls_scoring_forward(tmp_path, sa
 
 @pytest.mark.parametrize("choice,dtype,precision,expected", [
     ("auto", "fp32", "fp32", "sampler"), ("auto", "bf16", "fp32", "policy"), ("auto", "fp32", "bf16", "policy"),
-    ("auto", "autocast", "bf16", "sampler"), ("auto", "auto", "bf16", "sampler"), ("auto", "bf16", "bf16", "policy"),
+    ("auto", "autocast", "bf16", "sampler"), ("auto", "auto", "bf16", "policy"), ("auto", "bf16", "bf16", "policy"),
     ("auto", "autocast", "fp32", "policy"), ("policy", "fp32", "fp32", "policy"),
     ("sampler", "bf16", "bf16", "sampler")])
 def test_old_log_probs_come_from_the_sampler_only_where_the_copy_is_exact(choice, dtype, precision, expected):
     assert rollout.old_logps_source(choice, dtype, precision) == expected
 
 
-@pytest.mark.parametrize("native,precision,expected", [
-    (torch.bfloat16, "bf16", "autocast"), (torch.bfloat16, "fp32", "bf16"), (torch.float32, "fp32", "fp32"),
-    (torch.float32, "bf16", "autocast")])
-def test_auto_copies_the_policy_as_it_trains(monkeypatch, native, precision, expected):
+@pytest.mark.parametrize("native,expected", [(torch.bfloat16, "bf16"), (torch.float32, "fp32")])
+def test_auto_copies_the_policy_in_the_native_dtype(monkeypatch, native, expected):
     monkeypatch.setattr(rollout, "native_dtype", lambda: native)
-    assert rollout.copy_kind("auto", precision) == expected
-    assert all(rollout.copy_kind(kind, precision) == kind for kind in ("autocast", "bf16", "fp32"))
+    assert rollout.copy_kind("auto") == expected
+    assert all(rollout.copy_kind(kind) == kind for kind in ("autocast", "bf16", "fp32"))
 
 
-AUTOCAST_COPY = ["train.rollout=engine", "train.precision=bf16", "train.max_steps=2", "train.steps_per_generation=2"]
+AUTOCAST_COPY = ["train.rollout=engine", "train.rollout_dtype=autocast", "train.precision=bf16", "train.max_steps=2",
+                 "train.steps_per_generation=2"]
 
 
 def test_the_autocast_copys_log_probs_stand_in_for_trls_scoring_forward_under_bf16_training(tmp_path):
@@ -562,8 +561,8 @@ def test_auto_takes_the_engine_on_a_cpu_and_trl_on_cuda(monkeypatch, native, cud
 
 
 def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp_path):
-    """On this machine: the engine on a CPU (TRL's correction off for a copy that computes as the policy trains,
-    the autocast copy under bf16 training or an fp32 copy under fp32), TRL's `generate` on CUDA."""
+    """On this machine: the engine on a CPU (TRL's correction on for a bf16 copy, off for an exact fp32 one),
+    TRL's `generate` on CUDA."""
     trainer, seen, losses, moved = one_step(tmp_path, ["train.rollout=auto"])
     engine_expected = rollout.resolve("auto") == "engine"
     assert (trainer.rollout_engine is not None) == engine_expected
