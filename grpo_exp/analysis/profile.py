@@ -123,8 +123,8 @@ def run(args) -> int:
 
 
 def _engine_round(args, model, tokenizer, prompts, pad):
-    """A decoding round through the rollout engine as training builds it (the copy `train.rollout_dtype=auto`
-    makes, compiled where a C++ compiler is): (the timed round, the copy's LM head weight, a label)."""
+    """A decoding round through the rollout engine as training builds it (the machine's native dtype, compiled
+    where a C++ compiler is): (the timed round, the copy's LM head weight, a label)."""
     import torch
 
     from grpo_exp.training import rollout
@@ -136,9 +136,7 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True  # the compiled step's kernels listed by name
-    kind = rollout.copy_kind("auto")
-    engine = rollout.RolloutEngine(model, dtype=torch.float32 if kind == "fp32" else torch.bfloat16,
-                                   autocast=kind == "autocast", compile="auto", max_new_tokens=args.tokens,
+    engine = rollout.RolloutEngine(model, dtype=rollout.native_dtype(), compile="auto", max_new_tokens=args.tokens,
                                    temperature=1.0, top_k=0, top_p=1.0, eos_token_ids=[tokenizer.eos_token_id],
                                    pad_token_id=pad, min_new_tokens=args.tokens)
     prompt_ids = tokenizer(prompts)["input_ids"]
@@ -148,7 +146,8 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         engine.generate(prompt_ids, torch.Generator().manual_seed(0))
         return time.perf_counter() - t0
 
-    label = f"the rollout engine ({engine.label} copy, decoding step {'compiled' if engine.compiled else 'eager'})"
+    dtype = str(engine.dtype).replace("torch.", "")
+    label = f"the rollout engine ({dtype} copy, decoding step {'compiled' if engine.compiled else 'eager'})"
     return decode, engine.head.weight.detach(), label
 
 

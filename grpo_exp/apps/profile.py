@@ -10,12 +10,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Where decoding time goes: generate as GRPO samples, top torch ops, LM-head bandwidth")
     p.add_argument("--path", default="generate", choices=["generate", "engine"],
                    help="what decodes: transformers' generate (TRL's path; the default) or grpo-exp's rollout "
-                        "engine (train.rollout=engine: the copy train.rollout_dtype=auto makes, static cache, "
-                        "compiled step where a compiler is)")
+                        "engine (train.rollout=engine: native-dtype copy, static cache, compiled step where a "
+                        "compiler is)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
                    help="--path generate: fp32, or under bf16 autocast as TRL runs it with bf16 training; auto "
                         "(the default) picks as train.precision=auto does (bf16 where the CPU has it natively). "
-                        "--path engine: the copy train.rollout_dtype=auto makes (bf16 where native, else fp32)")
+                        "The engine always decodes in the machine's native dtype")
     p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m)")
     p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per sequence, forced (default 64)")

@@ -36,6 +36,7 @@ the round is skipped (`old_logps_source`); the trainer then measures the mismatc
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -347,7 +348,8 @@ class RolloutEngine:
         """The next-token logits (fp32) after the last position of every row. The LM head is applied to a 2-D
         hidden state: `logits_to_keep=1` slices [B, 1, H] out of a longer sequence, and torch's matmul then
         expands the head's weight to a [B, H, V] copy (0.6 s for 4 prompts of the default model)."""
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
+        # the autocast copy computes under autocast, as the policy trains; other copies in their own dtype
+        with torch.autocast(self.device.type, dtype=self.dtype) if self.autocast else contextlib.nullcontext():
             out = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                                 use_cache=True, **{self._cache_kwarg: cache})
             hidden = out.last_hidden_state[:, -1]
