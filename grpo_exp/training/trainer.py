@@ -251,6 +251,7 @@ class GrpoExpTrainer(GRPOTrainer):
             if sampler is not None:
                 self._mismatch_batch = (sampler, inputs["completion_mask"])
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self._mismatch_batch = None  # a loss that never called the scoring forward (TRL's liger path) leaves none
         if self.extra_loss is not None and model.training:
             loss = loss + self.extra_loss_term(model)
         if model.training and self._round_poisoned is None and not torch.isfinite(loss):
