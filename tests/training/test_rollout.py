@@ -4,6 +4,7 @@ speed belongs to grpo-bench."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -40,6 +41,22 @@ def engine_for(model, tokenizer, eos, **kw):
                     eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, sampler="multinomial")
     settings.update(kw)
     return rollout.RolloutEngine(model, **settings)
+
+
+@contextlib.contextmanager
+def policy_moved(model, move):
+    """`move` applied in place to every parameter of the (module-scoped) policy, undone afterwards; yields the
+    values from before the move."""
+    with torch.no_grad():
+        originals = {n: p.clone() for n, p in model.named_parameters()}
+        for p in model.parameters():
+            move(p)
+    try:
+        yield originals
+    finally:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(originals[n])
 
 
 def hf_generate(model, tokenizer, rows, eos, max_new_tokens=12, **sampling):
@@ -201,11 +218,7 @@ def test_an_fp32_copy_shares_the_fp32_policys_weights_and_release_keeps_them(tin
     for name, param in engine.model.named_parameters():
         assert param.data_ptr() == policy[name].data_ptr() and not param.requires_grad
     assert all(p.requires_grad for p in policy.values())  # the policy still trains
-    with torch.no_grad():
-        originals = {n: p.clone() for n, p in model.named_parameters()}
-        for p in model.parameters():
-            p.mul_(1.5)
-    try:
+    with policy_moved(model, lambda p: p.mul_(1.5)) as originals:
         torch.manual_seed(3)
         ours, _ = engine.generate(rows)
         torch.manual_seed(3)
@@ -221,10 +234,6 @@ def test_an_fp32_copy_shares_the_fp32_policys_weights_and_release_keeps_them(tin
         torch.manual_seed(3)
         again, _ = engine.generate(rows)
         assert again == ours
-    finally:
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(originals[n])
 
 
 def test_release_gives_the_memory_back_and_a_refill_samples_as_before(tiny):
@@ -258,19 +267,11 @@ def test_refresh_copies_in_place_into_the_bf16_copy(tiny):
     # buffers (rotary frequencies) keep the policy's precision
     assert all(b.dtype == torch.float32 for b in engine.model.buffers() if b.is_floating_point())
     pointers = {n: p.data_ptr() for n, p in params.items()}
-    with torch.no_grad():
-        originals = {n: p.clone() for n, p in model.named_parameters()}
-        for p in model.parameters():
-            p.add_(0.01)
-    try:
+    with policy_moved(model, lambda p: p.add_(0.01)):
         engine.refresh(model)
         for name, param in engine.model.named_parameters():
             assert param.data_ptr() == pointers[name]  # no re-allocation
             torch.testing.assert_close(param, dict(model.named_parameters())[name].detach().bfloat16())
-    finally:
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(originals[n])
 
 
 def test_the_autocast_copy_casts_what_autocast_casts_and_shares_the_rest(tiny):
@@ -290,11 +291,7 @@ def test_the_autocast_copy_casts_what_autocast_casts_and_shares_the_rest(tiny):
             assert param.dtype == torch.float32 and param.data_ptr() == policy[name].data_ptr(), name
     assert engine.shared == set(params) - linear
     pointers = {n: p.data_ptr() for n, p in params.items()}
-    with torch.no_grad():
-        originals = {n: p.clone() for n, p in model.named_parameters()}
-        for p in model.parameters():
-            p.add_(0.01)
-    try:
+    with policy_moved(model, lambda p: p.add_(0.01)):
         engine.refresh(model)
         for name, param in engine.model.named_parameters():
             assert param.data_ptr() == pointers[name]  # no re-allocation
@@ -302,10 +299,6 @@ def test_the_autocast_copy_casts_what_autocast_casts_and_shares_the_rest(tiny):
         engine.release()  # gives back the bf16 copies only
         assert all(params[n].untyped_storage().nbytes() == 0 for n in linear)
         assert all(p.untyped_storage().nbytes() > 0 for p in model.parameters())
-    finally:
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(originals[n])
 
 
 def test_the_autocast_copy_computes_what_the_autocast_policy_computes(tiny):
