@@ -19,8 +19,9 @@ Variants, each in its own subprocess (so its peak RSS, the child's ru_maxrss, is
   <name>    each --candidate NAME=OVERRIDE[,OVERRIDE...]: grpo-exp with those extra overrides (env.VAR=VALUE:
             an environment variable of that child; kind=trl: a plain-TRL variant, e.g. with another env).
 
-grpo-exp's child applies cpu.omp_wait_policy before torch loads, as the entrypoint does (default: OpenMP's own
-policy); the baseline child runs with OpenMP's defaults as a plain TRL script does.
+grpo-exp's child applies cpu.omp_wait_policy before torch loads and cpu.malloc before the model loads, as the
+entrypoint does (defaults: OpenMP's own policy; freed memory retained for reuse); the baseline child runs with
+OpenMP's and glibc's defaults as a plain TRL script does (kind=trl,env.MALLOC_MMAP_MAX_=0,... gives it retain's).
 
 Completion tokens of a step = TRL's `completions/mean_length` x the completions generated in that step (the
 per-step batch, or the whole generation batch on the steps that generate when steps_per_generation > 1). Rates

@@ -21,7 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from grpo_exp.base import dist
-from grpo_exp.base.cpu import PRECISIONS, resolve_threads, resolve_wait_policy
+from grpo_exp.base.cpu import PRECISIONS, resolve_malloc, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.log import LEVELS
 from grpo_exp.core import data
@@ -178,12 +178,16 @@ class CpuConfig:
     interop_threads: int = 1
     # default | passive | active: OMP_WAIT_POLICY, set before torch loads (see grpo_exp/base/cpu.py)
     omp_wait_policy: str = "default"
+    # auto | retain | glibc: what glibc does with freed memory (retain: reuse it, never unmap or trim; auto:
+    # retain where the C library is glibc; see grpo_exp/base/cpu.py apply_malloc)
+    malloc: str = "auto"
 
     @staticmethod
     def check(cpu: Any) -> None:
         resolve_threads(cpu.threads)
         require(cpu.interop_threads >= 1, f"cpu.interop_threads={cpu.interop_threads} must be >= 1")
         resolve_wait_policy(cpu.omp_wait_policy)
+        resolve_malloc(cpu.malloc)
 
 
 @dataclass

@@ -54,6 +54,7 @@ def test_entrypoint_runs_as_a_user_would(tmp_path):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-3"]
     # set before torch loaded, so OpenMP ran with it (a late setting would warn and leave it unset)
     assert metrics["cpu_omp_wait_policy"] == "PASSIVE"
+    assert metrics["cpu_malloc"] == "retain"  # cpu.malloc=auto on glibc
     assert "not applied" not in proc.stderr
     assert (run_dir / ".hydra" / "config.yaml").exists()
     assert (run_dir / "model" / "config.json").exists()

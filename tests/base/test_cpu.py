@@ -1,7 +1,8 @@
-"""OpenMP settings reach the environment before torch loads, and say so when they cannot."""
+"""OpenMP settings reach the environment before torch loads, and say so when they cannot; the malloc policy."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,3 +70,54 @@ def test_precision_auto_is_fp32_where_torch_is_held_to_avx2():
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     held = torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2")
     assert cpu.resolve_precision("auto") == ("bf16" if native and not held else "fp32")
+
+
+_MALLOC_RUN = """
+import json, resource, sys
+import torch
+from grpo_exp.base import cpu
+from grpo_exp.core import rewards
+from tests.conftest import compose_cfg
+from tests.spread_reward_main import vowel_fraction
+from tests.training.briefly import SPREAD_REWARD, train_briefly
+
+rewards.REGISTRY["vowel_fraction"] = vowel_fraction
+policy, out = sys.argv[1], sys.argv[2]
+cfg = compose_cfg(["debug=smoke", "logger=none", "cpu.threads=1", f"cpu.malloc={policy}", *SPREAD_REWARD], out)
+trainer, _, losses, moved = train_briefly(cfg)  # applies cfg.cpu, as every entrypoint does before the model loads
+
+
+def touch():  # 64 MB: above glibc's largest mmap threshold (32 MiB), so glibc's own policy maps it afresh each time
+    return float(torch.ones(16 * 2**20)[::4096].sum())
+
+
+touch()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    touch()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps({"malloc": cpu.apply(cfg.cpu)["malloc"], "losses": losses, "moved": moved, "faults": faults}))
+"""
+
+
+def test_malloc_retain_reuses_freed_memory_and_changes_no_number(tmp_path):
+    """cpu.malloc=retain keeps freed blocks for reuse (a 64 MB tensor allocated again faults no fresh pages in,
+    where glibc's own policy maps and zero-fills it anew every time), and a GRPO run computes the same losses,
+    to the last bit, under either policy."""
+    runs = {}
+    for policy in ("glibc", "retain"):
+        proc = subprocess.run([sys.executable, "-c", _MALLOC_RUN, policy, str(tmp_path / policy)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[policy] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs["glibc"]["malloc"] == "glibc" and runs["retain"]["malloc"] == "retain"
+    # five reallocations of 16384 pages each: all faulted in again under glibc's policy, none under retain
+    assert runs["glibc"]["faults"] > 5 * 16384 * 0.9, runs["glibc"]
+    assert runs["retain"]["faults"] < 1000, runs["retain"]
+    assert runs["retain"]["moved"] and len(runs["retain"]["losses"]) == 2
+    assert runs["retain"]["losses"] == runs["glibc"]["losses"]
+
+
+def test_bad_malloc_policy_is_a_config_error():
+    with pytest.raises(ConfigError, match="cpu.malloc='jemalloc'.*auto, retain, glibc"):
+        cpu.apply_malloc("jemalloc")

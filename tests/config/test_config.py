@@ -53,6 +53,7 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
     (["train.precision=fp16"], "bf16, fp32"),
     (["cpu.threads=0"], "cpu.threads=0"),
     (["cpu.omp_wait_policy=spin"], "default, passive, active"),
+    (["cpu.malloc=jemalloc"], "cpu.malloc='jemalloc' is not valid; choose one of: auto, retain, glibc"),
     (["reward.funcs=[correctness,bogus]", "reward.weights=[1.0,1.0]"], "bogus"),
     (["reward.weights=[1.0]"], "weights"),
     (["stage=gsm8k", "stage.path=/no/such/gsm8k.jsonl"], "/no/such/gsm8k.jsonl"),
