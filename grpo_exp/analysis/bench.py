@@ -40,6 +40,9 @@ longest completion of the round (TRL's completions/max_length), and peak the fas
 and the optimizer are left out, so the floor is a lower bound; each variant's mean step time is printed as a
 multiple of it.
 
+Each step also counts the child's minor page faults (pages the kernel mapped in, zero-filled when new: memory the
+allocator gave back and took again; cpu.malloc), reported per measured step.
+
 Writes bench.json, bench.md (and reward_curve.png) into --out (default outputs/bench/<timestamp>/).
 """
 
@@ -134,6 +137,8 @@ def summarize_steps(result: dict) -> dict:
         "completion_tokens": tokens,
         "completion_tokens_per_s": tokens / total_time if total_time > 0 else None,
         "prompts_per_s": prompts / total_time if total_time > 0 else None,
+        "page_faults_per_step": (statistics.mean(s["page_faults"] for s in steps)
+                                 if steps and all("page_faults" in s for s in steps) else None),
         "reward_curve": [s.get("reward") for s in result["steps"]],
     }
     if result.get("profile_steps"):
@@ -173,7 +178,7 @@ def table(results: dict, ratio_of: dict, ratios_vs: dict | None = None) -> str:
     others = [b for b in (ratios_vs or {}) if b != "baseline"]
     head = ("| variant | settings | steps | step s (median) | step s (mean) | completion tok/s | prompts/s "
             "| peak RSS MB | tok/s ratio | RSS ratio |" + "".join(f" tok/s vs {b} |" for b in others)
-            + " floor s | x floor |")
+            + " floor s | x floor | page faults per step |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for name, res in results.items():
         if res.get("status") != "ok":
@@ -188,7 +193,8 @@ def table(results: dict, ratio_of: dict, ratios_vs: dict | None = None) -> str:
             f"| {fmt(rat.get('completion_tokens_per_s'))} | {fmt(rat.get('peak_rss_mb'))} |"
             + "".join(f" {fmt(((ratios_vs or {}).get(b) or {}).get(name, {}).get('completion_tokens_per_s'))} |"
                       for b in others)
-            + f" {fmt(floor.get('floor_s'), 3)} | {fmt(floor.get('multiple'), 1)} |")
+            + f" {fmt(floor.get('floor_s'), 3)} | {fmt(floor.get('multiple'), 1)} "
+            f"| {fmt(res.get('page_faults_per_step'), 0)} |")
     return "\n".join(lines)
 
 
@@ -417,6 +423,7 @@ class StepRecorder:
         self._hwm = 0.0
         self._current: dict[str, float] = {}
         self._t0 = 0.0
+        self._faults0 = 0
         self._opt_t0 = 0.0
         rec = self
 
@@ -424,6 +431,7 @@ class StepRecorder:
             def on_step_begin(self, args, state, control, **kw):
                 rec.note_peak("other" if rec.steps else "setup")
                 rec._current = {}
+                rec._faults0 = _minor_faults()
                 rec._t0 = time.perf_counter()
 
             def on_pre_optimizer_step(self, args, state, control, **kw):
@@ -437,7 +445,10 @@ class StepRecorder:
             def on_step_end(self, args, state, control, **kw):
                 rec.note_peak("other")
                 elapsed = time.perf_counter() - rec._t0
-                rec.steps.append({"step": state.global_step, "time_s": round(elapsed, 4)})
+                # pages the kernel had to map in (zero-filled) during the step: memory the allocator gave back
+                # and took again (cpu.malloc)
+                rec.steps.append({"step": state.global_step, "time_s": round(elapsed, 4),
+                                  "page_faults": _minor_faults() - rec._faults0})
                 if rec.profile:
                     parts = {k: round(v, 4) for k, v in rec._current.items()}
                     parts["other"] = round(elapsed - sum(rec._current.values()), 4)
@@ -693,3 +704,10 @@ def _vmhwm_mb() -> float | None:
     except OSError:
         pass
     return None
+
+
+def _minor_faults() -> int:
+    """The process's minor page faults so far (getrusage): each maps one page in, zero-filled when it is new."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

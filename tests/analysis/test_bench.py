@@ -66,6 +66,8 @@ def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_pro
         assert res["settings"]["steps_per_generation"] == 2, name
         assert res["completion_tokens_per_s"] > 0 and res["peak_rss_mb"] > 100, name
         assert res["profile_mean_per_step_s"]["generation"] > 0, name
+        # every step maps some pages in (a generation round's new tensors at least): a count was read
+        assert res["page_faults_per_step"] > 0, name
     assert variants["baseline"]["settings"]["bf16"] is False
     assert variants["baseline"]["settings"]["gradient_checkpointing"] is True
     assert variants["baseline"]["settings"]["shared_prefix"] is False
@@ -93,6 +95,7 @@ def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_pro
         assert 0 < sum(rises.values()) <= res["child_vmhwm_mb"] + 0.1, name
     md = (out / "bench.md").read_text()
     assert "x floor" in md and "tok/s vs trl-defaults" in md and "MB it raised the peak RSS by" in md
+    assert "page faults per step" in md
 
 
 def test_the_peak_rss_is_charged_to_the_part_that_raised_it(monkeypatch):
