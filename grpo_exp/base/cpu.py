@@ -26,6 +26,8 @@ MALLOC_POLICIES = ("auto", "retain", "glibc")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 # the largest M_TRIM_THRESHOLD mallopt's int takes (2 GiB): a free top of the heap larger than this is trimmed
 _NEVER_TRIM = 2**31 - 1
+# whether this process runs with retain's settings (a sweep runs several jobs in one process)
+_retained = False
 
 
 def resolve_threads(threads: Any) -> int:
@@ -128,8 +130,13 @@ def apply_malloc(policy: Any) -> str:
     with the process: once freed, memory stays resident until the process ends (README, Performance).
     Allocations made before the call keep their place. Without glibc there is nothing to set: auto says so
     in the log, retain in a warning."""
+    global _retained
     chosen = resolve_malloc(policy)
     if chosen == "glibc":
+        if _retained:  # glibc's dynamic thresholds cannot be turned back on once a mallopt set them
+            logger.warning("cpu.malloc=glibc: not applied, an earlier run in this process set retain, which stays "
+                           "until the process ends")
+            return "retain"
         return "glibc"
     libc = _glibc()
     if libc is None:
@@ -140,6 +147,7 @@ def apply_malloc(policy: Any) -> str:
     if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)):
         logger.warning("cpu.malloc=%s: glibc's mallopt refused the setting; its own policy stays", policy)
         return "glibc"
+    _retained = True
     return "retain"
 
 
