@@ -146,8 +146,7 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         engine.generate(prompt_ids, torch.Generator().manual_seed(0))
         return time.perf_counter() - t0
 
-    dtype = str(engine.dtype).replace("torch.", "")
-    label = f"the rollout engine ({dtype} copy, decoding step {'compiled' if engine.compiled else 'eager'})"
+    label = f"the rollout engine ({engine.label} copy, decoding step {'compiled' if engine.compiled else 'eager'})"
     return decode, engine.head.weight.detach(), label
 
 
