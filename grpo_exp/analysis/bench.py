@@ -479,7 +479,7 @@ class StepRecorder:
         if not self.profile:
             return
         hwm = _vmhwm_mb()
-        if hwm is not None and hwm > self._hwm:
+        if hwm > self._hwm:
             self.peak_rise_mb[part] = round(self.peak_rise_mb.get(part, 0.0) + hwm - self._hwm, 1)
             self.peak_part, self._hwm = part, hwm
 
@@ -695,15 +695,11 @@ def model_shape(model, tokenizer, dataset, prompts: int = 64) -> dict:
             "prompt_tokens_mean": statistics.mean(lengths) if lengths else 0.0}
 
 
-def _vmhwm_mb() -> float | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024.0, 1)
-    except OSError:
-        pass
-    return None
+def _vmhwm_mb() -> float:
+    """The child's peak RSS so far, in MB: the kernel's high-water mark, as training's own monitor reads it."""
+    from grpo_exp.base.monitor import peak_rss_mb
+
+    return round(peak_rss_mb(), 1)
 
 
 def _minor_faults() -> int:
