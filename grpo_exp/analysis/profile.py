@@ -138,7 +138,8 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         inductor_config.cpp.enable_kernel_profile = True  # the compiled step's kernels listed by name
     engine = rollout.RolloutEngine(model, dtype=rollout.native_dtype(), compile="auto", max_new_tokens=args.tokens,
                                    temperature=1.0, top_k=0, top_p=1.0, eos_token_ids=[tokenizer.eos_token_id],
-                                   pad_token_id=pad, min_new_tokens=args.tokens)
+                                   pad_token_id=pad, min_new_tokens=args.tokens,
+                                   prepack={"true": True, "false": False}.get(args.prepack, "auto"))
     prompt_ids = tokenizer(prompts)["input_ids"]
 
     def decode() -> float:
@@ -146,7 +147,8 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         engine.generate(prompt_ids, torch.Generator().manual_seed(0))
         return time.perf_counter() - t0
 
-    label = f"the rollout engine ({engine.label} copy, decoding step {'compiled' if engine.compiled else 'eager'})"
+    label = (f"the rollout engine ({engine.label} copy, decoding step {'compiled' if engine.compiled else 'eager'}, "
+             f"Linear weights {'packed' if engine.packed else 'plain'})")
     return decode, engine.head.weight.detach(), label
 
 

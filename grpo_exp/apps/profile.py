@@ -16,6 +16,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="--path generate: fp32, or under bf16 autocast as TRL runs it with bf16 training; auto "
                         "(the default) picks as train.precision=auto does (bf16 where the CPU has it natively). "
                         "The engine always decodes in the machine's native dtype")
+    p.add_argument("--prepack", default="auto", choices=["auto", "true", "false"],
+                   help="--path engine: the copy's Linear weights packed for oneDNN once per round "
+                        "(train.rollout_prepack; auto: where the copy is bf16 and the CPU computes bf16 natively)")
     p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m)")
     p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per sequence, forced (default 64)")

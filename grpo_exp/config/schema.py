@@ -245,6 +245,9 @@ class TrainConfig:
     # it natively, else fp32 (training/rollout.py, copy_kind)
     rollout_dtype: str = "auto"
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
+    # the copy's Linear weights laid out for oneDNN once per round instead of on every product (core/packed_linear.py;
+    # the same numbers); auto/true: where the copy is bf16 and the CPU computes bf16 natively (true: an error elsewhere)
+    rollout_prepack: Any = "auto"
     # cdf: one uniform number per row (fast); multinomial: generate's draws (the same tokens under the same seed)
     rollout_sampler: str = "cdf"
     # engine: weigh each token's loss by pi_train / pi_sampler (TRL's vLLM correction), capped at rollout_is_cap,
@@ -297,6 +300,16 @@ class TrainConfig:
         require_choice("train.rollout_old_logps", train.rollout_old_logps, TrainConfig.OLD_LOGPS)
         require(train.rollout_compile in ("auto", True, False),
                 f"train.rollout_compile={train.rollout_compile!r} is not valid; choose one of: auto, true, false")
+        require(train.rollout_prepack in ("auto", True, False),
+                f"train.rollout_prepack={train.rollout_prepack!r} is not valid; choose one of: auto, true, false")
+        if train.rollout_prepack is True:  # asked for by name: say now, before the model loads, if it cannot be had
+            import torch
+
+            from grpo_exp.core import packed_linear
+
+            why = ("train.rollout_dtype=fp32 makes an fp32 copy" if train.rollout_dtype == "fp32"
+                   else packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu")))
+            require(why is None, f"train.rollout_prepack=true cannot be met here: {why}; choose one of: auto, false")
         # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set
         require(not (train.rollout in ("engine", "auto") and train.rollout_is_correction and train.loss_type == "vespo"
                      and not train.rollout_is_mode.startswith("token")),

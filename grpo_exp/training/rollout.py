@@ -48,7 +48,7 @@ from types import SimpleNamespace
 import torch
 
 from grpo_exp.base import log
-from grpo_exp.core import attention
+from grpo_exp.core import attention, packed_linear
 from grpo_exp.training import shared_prefix
 
 logger = log.get_logger(__name__)
@@ -218,7 +218,7 @@ class RolloutEngine:
     """Samples GRPO completions from a rollout copy of the policy; `rollout` is TRL's `rollout_func`."""
 
     def __init__(self, policy: torch.nn.Module, *, dtype: torch.dtype, autocast: bool = False,
-                 compile: bool | str = "auto",
+                 compile: bool | str = "auto", prepack: bool | str = "auto",
                  max_new_tokens: int, temperature: float = 1.0, top_k: int | None = 0, top_p: float = 1.0,
                  eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf", min_new_tokens: int = 0):
         if sampler not in SAMPLERS:
@@ -247,6 +247,8 @@ class RolloutEngine:
         self._cache = None  # (batch, max_len) -> StaticCache, kept so the compiled step sees the same tensors
         self._cache_key: tuple[int, int] | None = None
         self._max_len = 0
+        # oneDNN's weight layout made once per refresh instead of on every product (core/packed_linear.py)
+        self.packed = self._pack_linears(prepack)
         self.backbone = self.model.base_model  # the decoder without its LM head
         self.head = self.model.get_output_embeddings()
         self._cache_kwarg = _cache_kwarg(type(self.backbone))
@@ -268,6 +270,21 @@ class RolloutEngine:
             self._step = self._eager_step
             logger.warning("rollout engine: %s copy of the policy, decoding step runs eager (%s)", self.label, why)
 
+    def _pack_linears(self, prepack: bool | str) -> list:
+        """The copy's Linear layers swapped for packed ones where `prepack` asks and the machine allows (auto: bf16
+        copies on a CPU with native bf16); a forced request that cannot be met is an error."""
+        if prepack not in ("auto", True, False):
+            raise ValueError(f"prepack={prepack!r} is not valid; choose one of: auto, true, false")
+        if prepack is False:
+            return []
+        why = packed_linear.unsupported_reason(self.dtype, self.device)
+        if why:
+            if prepack is True:
+                raise ValueError(f"train.rollout_prepack=true cannot be met: {why}")
+            logger.info("rollout engine: Linear weights not packed (%s)", why)
+            return []
+        return packed_linear.pack_linears(self.model)
+
     # ------------------------------------------------------------------------------------------------- weights
 
     def _shared_with(self, policy: torch.nn.Module) -> set[str]:
@@ -286,6 +303,8 @@ class RolloutEngine:
                 param.copy_(src[name].detach())
             elif param.data_ptr() != src[name].data_ptr():
                 param.data = src[name].detach()
+        for layer in self.packed:
+            layer.pack()
 
     def sync(self, trainer) -> None:
         """Refresh once per optimizer step, before that step's first generation (TRL's vLLM sync does the same),
@@ -326,6 +345,8 @@ class RolloutEngine:
             self._released.append((tensor, storage.nbytes(), is_cache))
         for tensor, _, _ in self._released:
             tensor.untyped_storage().resize_(0)
+        for layer in self.packed:
+            layer.unpack()
 
     def materialize(self) -> None:
         """Storage back for everything `release` gave up: the cache zeroed (a masked position must hold a finite
@@ -353,7 +374,7 @@ class RolloutEngine:
             out = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                                 use_cache=True, **{self._cache_kwarg: cache})
             hidden = out.last_hidden_state[:, -1]
-            return torch.nn.functional.linear(hidden, self.head.weight, self.head.bias).float()
+            return self.head(hidden).float()
 
     def _eager_step(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """One decoding step: the next-token logits (fp32) of every row."""
@@ -588,7 +609,7 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
     kind = copy_kind(train_cfg.rollout_dtype)
     engine = RolloutEngine(
         trainer.model, dtype=torch.float32 if kind == "fp32" else torch.bfloat16, autocast=kind == "autocast",
-        compile=train_cfg.rollout_compile,
+        compile=train_cfg.rollout_compile, prepack=train_cfg.rollout_prepack,
         max_new_tokens=trainer.max_completion_length, temperature=trainer.temperature, top_k=trainer.top_k,
         top_p=trainer.top_p, eos_token_ids=list(trainer.eos_token_ids),
         pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler,

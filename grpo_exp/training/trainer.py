@@ -33,8 +33,8 @@ logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
 _NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "logprob_kernel", "rollout", "rollout_dtype",
-                    "rollout_compile", "rollout_sampler", "rollout_is_correction", "rollout_is_mode", "rollout_is_cap",
-                    "rollout_old_logps"}
+                    "rollout_compile", "rollout_prepack", "rollout_sampler", "rollout_is_correction", "rollout_is_mode",
+                    "rollout_is_cap", "rollout_old_logps"}
 
 
 class LossTerm(Protocol):

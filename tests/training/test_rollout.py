@@ -13,7 +13,7 @@ import torch
 
 from grpo_exp.config.checks import validate
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.core import attention, models
+from grpo_exp.core import attention, models, packed_linear
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
@@ -272,6 +272,40 @@ def test_refresh_copies_in_place_into_the_bf16_copy(tiny):
         for name, param in engine.model.named_parameters():
             assert param.data_ptr() == pointers[name]  # no re-allocation
             torch.testing.assert_close(param, dict(model.named_parameters())[name].detach().bfloat16())
+
+
+def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
+    """train.rollout_prepack: the bf16 copy with its Linear weights packed for oneDNN (the decoding step compiled)
+    draws the plain copy's tokens with the same log-probs, and again after the policy moved, a release and a
+    refill. Where the CPU has no native bf16, auto leaves the weights plain and true is refused."""
+    model, tokenizer, prompts = tiny
+    rows = [p for p in prompts for _ in range(2)]
+    eos = [tokenizer.eos_token_id]
+    if packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu")):
+        assert engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack="auto").packed == []
+        with pytest.raises(ValueError, match="train.rollout_prepack=true cannot be met"):
+            engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack=True)
+        return
+    plain = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, compile=True, prepack=False)
+    packed = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, compile=True)  # auto packs here
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert not plain.packed and len(packed.packed) == linears
+    assert isinstance(packed.head, packed_linear.PackedLinear)
+
+    def draw(engine, seed):
+        torch.manual_seed(seed)
+        return engine.generate(rows)
+
+    before = draw(packed, 3)
+    assert before == draw(plain, 3) and packed.compiled
+    with policy_moved(model, lambda p: p.mul_(1.5)):
+        for engine in (plain, packed):
+            engine.release()
+            assert not any(layer.packed for layer in engine.packed)  # the packed copies are given back too
+            engine.sync(SimpleNamespace(state=SimpleNamespace(global_step=1), model=model))
+        after = draw(packed, 3)
+        assert after == draw(plain, 3) and packed.compiled
+    assert after != before  # the repacked weights are the moved policy's
 
 
 def test_the_autocast_copy_casts_what_autocast_casts_and_shares_the_rest(tiny):
@@ -569,6 +603,9 @@ def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp
     ("train.rollout_is_mode=token", "train.rollout_is_mode='token' is not valid"),
     ("train.rollout_is_cap=0.5", "train.rollout_is_cap=0.5 must be"),
     ("train.rollout_compile=maybe", "train.rollout_compile='maybe' is not valid"),
+    ("train.rollout_prepack=maybe", "train.rollout_prepack='maybe' is not valid; choose one of: auto, true, false"),
+    ("train.rollout_prepack=true,train.rollout_dtype=fp32",
+     "train.rollout_prepack=true cannot be met here: train.rollout_dtype=fp32 makes an fp32 copy"),
     ("train.rollout_old_logps=vllm", "train.rollout_old_logps='vllm' is not valid; choose one of: auto, policy, sampler"),
     ("train.rollout=engine,train.loss_type=vespo,train.rollout_is_mode=sequence_mask",
      "train.loss_type=vespo needs a token-level train.rollout_is_mode"),

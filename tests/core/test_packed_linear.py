@@ -1,0 +1,66 @@
+"""core/packed_linear.py: a Linear whose bf16 weight oneDNN lays out once gives the plain Linear's outputs bit for
+bit, eager and inside a compiled graph, and follows its weight when packed again. On a CPU without native bf16
+the module says why it cannot pack, and oneDNN refuses the layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_exp.core import packed_linear
+
+CPU = torch.device("cpu")
+WHY = packed_linear.unsupported_reason(torch.bfloat16, CPU)
+
+
+def test_what_cannot_be_packed_says_why():
+    assert "float32" in packed_linear.unsupported_reason(torch.float32, CPU)
+    assert "cuda" in packed_linear.unsupported_reason(torch.bfloat16, torch.device("cuda"))
+    if WHY is not None:  # this CPU: oneDNN has no bf16 layout to pack into, and says so
+        assert "native bf16" in WHY
+        with pytest.raises(RuntimeError, match="bf16"):
+            packed_linear.PackedLinear(torch.nn.Linear(8, 8).bfloat16())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_outputs_equal_the_plain_linears_bit_for_bit(bias):
+    if WHY is not None:
+        assert torch.ops.mkldnn._is_mkldnn_bf16_supported() is False
+        return
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(96, 160, bias=bias).bfloat16()
+    layer = packed_linear.PackedLinear(plain)
+    assert layer.weight is plain.weight and layer.bias is plain.bias and layer.packed
+    with torch.no_grad():
+        for shape in [(16, 1, 96), (3, 96), (2, 40, 96)]:  # a decoding step, single rows, a prefill
+            x = torch.randn(*shape).bfloat16()
+            assert torch.equal(layer(x), plain(x)), shape
+        # under autocast the input arrives in fp32 and is cast as autocast's own linear casts it
+        x = torch.randn(4, 96)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(layer(x), plain(x))
+        compiled = torch.compile(lambda t: torch.nn.functional.silu(layer(t)) * 2, dynamic=False)
+        x = torch.randn(16, 1, 96).bfloat16()
+        assert torch.equal(compiled(x), torch.nn.functional.silu(plain(x)) * 2)
+        # a changed weight is used once packed again, by the same compiled graph
+        plain.weight.mul_(-0.5)
+        layer.pack()
+        assert torch.equal(compiled(x), torch.nn.functional.silu(plain(x)) * 2)
+        layer.unpack()
+        assert not layer.packed
+        with pytest.raises(RuntimeError, match="holds no weight"):
+            layer(x)
+
+
+def test_pack_linears_swaps_every_linear_and_keeps_names_and_ties():
+    if WHY is not None:
+        assert "native bf16" in WHY
+        return
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                torch.nn.Sequential(torch.nn.Linear(8, 10, bias=False))).bfloat16()
+    model[3][0].weight = model[0].weight  # a head tied to the embedding
+    names = [n for n, _ in model.named_parameters()]
+    swapped = packed_linear.pack_linears(model)
+    assert len(swapped) == 2 and all(isinstance(m, packed_linear.PackedLinear) for m in (model[1], model[3][0]))
+    assert [n for n, _ in model.named_parameters()] == names
+    assert model[3][0].weight is model[0].weight
