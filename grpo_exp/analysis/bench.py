@@ -640,6 +640,9 @@ def child_main(spec_path: Path) -> int:
         "gradient_accumulation_steps": a.gradient_accumulation_steps,
         # what sampled the completions (train.rollout=auto resolves by machine; the engine may decline a model)
         "rollout": "engine" if getattr(trainer, "rollout_engine", None) is not None else "trl",
+        # the engine's copy (bfloat16, bfloat16 autocast, float32) and whether its Linear weights are packed
+        "rollout_copy": getattr(getattr(trainer, "rollout_engine", None), "label", None),
+        "rollout_packed": bool(getattr(getattr(trainer, "rollout_engine", None), "packed", None)),
         "fixed_length": bool(generation_kwargs),
         "shared_prefix": bool(getattr(trainer, "share_prefixes", False)),
         "attention": getattr(parts.model.config, "_attn_implementation", None),
@@ -661,7 +664,9 @@ def child_main(spec_path: Path) -> int:
                      + (", shared prefix" if settings["shared_prefix"] else "")
                      + (f", {settings['attention']} attention" if settings["attention"] not in (None, "sdpa") else "")
                      + (f", {settings['peft']}" if settings["peft"] != "none" else "")
-                     + (", rollout engine" if settings["rollout"] == "engine" else "")
+                     + (f", rollout engine ({settings['rollout_copy']} copy"
+                        f"{', packed' if settings['rollout_packed'] else ''})"
+                        if settings["rollout"] == "engine" else "")
                      + (", fixed length" if settings["fixed_length"] else "") + f", {settings['threads']} thr")
     result = {
         "name": spec["name"], "kind": spec["kind"], "overrides": spec["overrides"], "settings": settings,
