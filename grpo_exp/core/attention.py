@@ -45,29 +45,12 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     g = h // kv
     # query head j*g + i uses key/value head j (repeat_kv's order): group them along the query axis
     grouped = query.reshape(b, kv, g * q, d)
-    if q == 1:
-        return _decoding_step(query, key, value, grouped, attention_mask, scaling)
     scores = torch.matmul(key, grouped.transpose(2, 3)).view(b, kv, -1, g, q)  # [b, kv, L, g, q]
     if attention_mask is not None:  # [b, 1, q, L], additive, the same for every head
         scores = scores + attention_mask.transpose(2, 3)[:, :, :, None, :]
     probs = torch.softmax(scores * scaling, dim=2, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(probs.view(b, kv, -1, g * q).transpose(2, 3), value)  # [b, kv, g*q, d]
     return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
-
-
-def _decoding_step(query, key, value, grouped, attention_mask, scaling):
-    """One query position (a decoding step): the same scores, softmax taken along the last axis. Along the cache
-    axis of [b, kv, L, g] (the layout above), inductor's compiled softmax reduced g = 3 lanes of a 16-lane vector
-    and opened one parallel region per row and key/value head: 0.2 ms per layer for 16 rows of the default model,
-    about a tenth of the rollout engine's decoding step."""
-    b, h, _, d = query.shape
-    kv = key.shape[1]
-    scores = torch.matmul(key, grouped.transpose(2, 3)).transpose(2, 3)  # [b, kv, g, L]; the cache read in place
-    if attention_mask is not None:  # [b, 1, 1, L]
-        scores = scores + attention_mask
-    probs = torch.softmax(scores * scaling, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(probs, value)  # [b, kv, g, d]
-    return out.view(b, h, 1, d).transpose(1, 2).contiguous(), None
 
 
 def use(model: torch.nn.Module, choice: str) -> str | None:
