@@ -5,6 +5,7 @@ weight bandwidth against a plain memory read.
 
     grpo-profile                          # generate: default model, 8 sequences x 64 tokens, 2 threads
     grpo-profile --path engine --batch 16 --repeats 5
+    grpo-profile --path engine --batch 16 --prepack false   # the copy's Linear weights left plain
     grpo-profile --batch 32 --threads 1
     grpo-profile --model tiny_random --tokens 4 --out /tmp/prof
 

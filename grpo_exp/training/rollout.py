@@ -264,11 +264,16 @@ class RolloutEngine:
         if why is None:
             self._step = torch.compile(self._eager_step, dynamic=False)
             self.compiled = True
-            logger.warning("rollout engine: %s copy of the policy, decoding step compiled with torch.compile "
-                           "(inductor); the first round includes compilation", self.label)
+            logger.warning("rollout engine: %s copy of the policy%s, decoding step compiled with torch.compile "
+                           "(inductor); the first round includes compilation", self.label, self._packed_note)
         else:
             self._step = self._eager_step
-            logger.warning("rollout engine: %s copy of the policy, decoding step runs eager (%s)", self.label, why)
+            logger.warning("rollout engine: %s copy of the policy%s, decoding step runs eager (%s)", self.label,
+                           self._packed_note, why)
+
+    @property
+    def _packed_note(self) -> str:
+        return f" ({len(self.packed)} Linear weights packed for oneDNN)" if self.packed else ""
 
     def _pack_linears(self, prepack: bool | str) -> list:
         """The copy's Linear layers swapped for packed ones where `prepack` asks and the machine allows (auto: bf16
