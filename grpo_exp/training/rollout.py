@@ -9,6 +9,8 @@ with `cat`. The engine instead keeps
   `train.rollout_dtype=autocast` asks for a copy that computes what bf16 autocast training computes: its Linear
   weights cast to bf16, the rest the policy's own fp32 tensors, run under the same autocast. A copy is
   refreshed in place before the first generation after an optimizer step; what it shares needs no refresh.
+- with a bf16 copy on a CPU with native bf16, its Linear weights packed for oneDNN once per refresh
+  (`train.rollout_prepack`, core/packed_linear.py): the same products without a weight reorder on every call;
 - a static KV cache (transformers' StaticCache, allocated once per batch shape);
 - between rounds, through TRL's hook, the copy's own weights and the cache give their memory back (`release`), since
   the training step between two rounds is where a run's memory peaks; the next round refills them;
