@@ -234,6 +234,11 @@ class TrainConfig:
     # auto (autocast under bf16 training, trl in fp32; the default since 2026-11-27: seeds 42, 1, 3 and 2 of the
     # default run scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl)
     logprob_kernel: str = "auto"
+    # What the training forward keeps for its backward under bf16 autocast: lean (core/lean_saved.py: each Linear
+    # weight's bf16 cast is made again in the backward instead of held from the forward, and an activation cast
+    # for several layers is saved once; the same gradients bit for bit, a lower memory peak), plain (autograd's
+    # own), or auto (lean under bf16 training without gradient checkpointing, whose own hooks decide what is kept)
+    saved_tensors: str = "auto"
     # Who samples the completions: trl (TRL's `generate`), engine (training/rollout.py: a rollout copy of the
     # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance), or auto (the
     # engine on a CPU: a bf16 copy where bf16 is native, an exact fp32 copy elsewhere; trl on CUDA; the default:
@@ -271,6 +276,7 @@ class TrainConfig:
     ROLLOUTS = ("auto", "trl", "engine")
     ATTENTIONS = ("auto", "sdpa", "grouped", "eager")
     LOGPROB_KERNELS = ("auto", "trl", "autocast")
+    SAVED_TENSORS = ("auto", "lean", "plain")
     ROLLOUT_DTYPES = ("auto", "autocast", "bf16", "fp32")
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")
     IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -294,6 +300,10 @@ class TrainConfig:
         require_choice("train.rollout", train.rollout, TrainConfig.ROLLOUTS)
         require_choice("train.attention", train.attention, TrainConfig.ATTENTIONS)
         require_choice("train.logprob_kernel", train.logprob_kernel, TrainConfig.LOGPROB_KERNELS)
+        require_choice("train.saved_tensors", train.saved_tensors, TrainConfig.SAVED_TENSORS)
+        require(not (train.saved_tensors == "lean" and train.gradient_checkpointing),
+                "train.saved_tensors=lean cannot be met with train.gradient_checkpointing=true (checkpointing decides "
+                "what the forward keeps); choose one of: auto, plain")
         require_choice("train.rollout_dtype", train.rollout_dtype, TrainConfig.ROLLOUT_DTYPES)
         require_choice("train.rollout_sampler", train.rollout_sampler, TrainConfig.ROLLOUT_SAMPLERS)
         require_choice("train.rollout_is_mode", train.rollout_is_mode, TrainConfig.IS_MODES)

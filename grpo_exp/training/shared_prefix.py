@@ -29,7 +29,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-from grpo_exp.core import logprob_head
+from grpo_exp.core import lean_saved, logprob_head
 
 
 def scoring_model(model):
@@ -127,8 +127,9 @@ def _score(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
     prefix = backbone(input_ids=input_ids[first, :prompt_len], attention_mask=attention_mask[first, :prompt_len],
                       use_cache=True, **{cache_kwarg: cache})
     cache.reorder_cache(inverse)
-    rest = backbone(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask, use_cache=True,
-                    **{cache_kwarg: cache})
+    with lean_saved.last_pass():  # (no weight is used again in this forward: see core/lean_saved.py)
+        rest = backbone(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask, use_cache=True,
+                        **{cache_kwarg: cache})
     # The position before each token predicts it: the prompt's last position predicts the first completion token.
     hidden = torch.cat([prefix.last_hidden_state[:, -1:].index_select(0, inverse), rest.last_hidden_state[:, :-1]],
                        dim=1)

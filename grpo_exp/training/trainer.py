@@ -26,13 +26,14 @@ from grpo_exp.base import dist, log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
-from grpo_exp.core import attention, logprob_head
+from grpo_exp.core import attention, lean_saved, logprob_head
 from grpo_exp.training import checkpoints, rollout, shared_prefix
 
 logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "logprob_kernel", "rollout", "rollout_dtype",
+_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "logprob_kernel", "saved_tensors", "rollout",
+                    "rollout_dtype",
                     "rollout_compile", "rollout_prepack", "rollout_sampler", "rollout_is_correction", "rollout_is_mode",
                     "rollout_is_cap", "rollout_old_logps"}
 
@@ -107,7 +108,8 @@ class NonFiniteError(RuntimeError):
 class GrpoExpTrainer(GRPOTrainer):
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
-                 share_prefixes: bool = False, logprob_kernel: str = "trl", rollout_cfg=None, **kwargs):
+                 share_prefixes: bool = False, logprob_kernel: str = "trl", saved_tensors: str = "plain",
+                 rollout_cfg=None, **kwargs):
         self.on_nonfinite = on_nonfinite
         # on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that
         # trains on it), a NaN/inf loss the rest of its round; poisoned steps change no parameter or state
@@ -135,6 +137,9 @@ class GrpoExpTrainer(GRPOTrainer):
                 self.share_prefixes = False
         if self.share_prefixes:
             logger.info("train.logprob_kernel=%s: %s", logprob_kernel, self.logprob_kernel)
+        self.saved_tensors = lean_saved.resolve(saved_tensors, bf16=self.args.bf16,
+                                                checkpointing=bool(self.args.gradient_checkpointing))
+        logger.info("train.saved_tensors=%s: %s", saved_tensors, self.saved_tensors)
         # train.rollout=engine: grpo-exp's sampler through TRL's rollout_func (None: TRL's generate)
         path = rollout.resolve(rollout_cfg.rollout) if rollout_cfg is not None else "trl"
         if rollout_cfg is not None and rollout_cfg.rollout == "auto":
@@ -187,6 +192,16 @@ class GrpoExpTrainer(GRPOTrainer):
             if len(rows) != input_ids.size(0):
                 raise RuntimeError(f"the rollout returned {len(rows)} completions; TRL scores {input_ids.size(0)}")
             return rollout.padded_logps(rows, logits_to_keep, input_ids.device), None, None
+        if self.saved_tensors == "lean" and model.training and torch.is_grad_enabled():
+            with lean_saved.lean_forward(self.accelerator.unwrap_model(model)):
+                return self._forward(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                                     compute_aux_loss, **model_kwargs)
+        return self._forward(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                             compute_aux_loss, **model_kwargs)
+
+    def _forward(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+                 compute_aux_loss=False, **model_kwargs):
+        """The forward of `_scored`: the shared-prefix scoring, or TRL's."""
         # Gradient checkpointing drops the KV cache the completions need; TRL itself turns it off under no_grad.
         checkpointing = model.training and torch.is_grad_enabled() and shared_prefix.checkpointing(model)
         if (not self.share_prefixes or checkpointing or compute_aux_loss
@@ -428,6 +443,7 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
         run_state=run_state,
         share_prefixes=cfg.train.shared_prefix,
         logprob_kernel=cfg.train.logprob_kernel,
+        saved_tensors=cfg.train.saved_tensors,
         rollout_cfg=cfg.train,
     )
 

@@ -58,6 +58,9 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
     (["reward.weights=[1.0]"], "weights"),
     (["stage=gsm8k", "stage.path=/no/such/gsm8k.jsonl"], "/no/such/gsm8k.jsonl"),
     (["+train.extra.not_a_field=1"], "not_a_field"),
+    (["train.saved_tensors=tight"], "train.saved_tensors='tight' is not valid; choose one of: auto, lean, plain"),
+    (["train.saved_tensors=lean", "train.gradient_checkpointing=true"],
+     "train.saved_tensors=lean cannot be met with train.gradient_checkpointing=true"),
 ])
 def test_semantic_errors_are_one_line(tmp_path, overrides, needle):
     cfg = compose_cfg(overrides, tmp_path)

@@ -35,6 +35,8 @@ OPTIONS = {
     "gradient_checkpointing": ["train.gradient_checkpointing=true"],
     "beta=0.04 (reference model)": ["train.beta=0.04"],
     "logprob_kernel=autocast": ["train.logprob_kernel=autocast"],
+    "saved_tensors=lean": ["train.saved_tensors=lean"],
+    "saved_tensors=plain": ["train.saved_tensors=plain"],
 }
 
 

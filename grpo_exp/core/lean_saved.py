@@ -1,0 +1,172 @@
+"""A training forward under autocast that holds no bf16 copy of the weights and no cast twice.
+
+Why: under bf16 autocast every Linear layer casts its fp32 weight to bf16 and saves the cast for its backward.
+Autocast caches these casts until its region ends, and autograd then keeps them until the backward has passed
+each layer: for the default model a second, bf16 copy of its body's weights (about 212 MB) is held across the
+training step's memory peak. An activation that feeds several Linear layers (the normed input of q, k and v; of
+gate and up) is cast once per layer, and each cast is saved apart.
+
+`lean_forward(model)` changes what is kept, not what is computed:
+- each trainable fp32 Linear weight is cast once per forward, as autocast's cache casts it, and the cast is dropped
+  after its last use (`last_pass()` marks the pass after which none is needed; without it the casts live as long
+  as autocast's would);
+- autograd's saved-tensor hooks save the parameter instead of its cast, and cast it again when the backward
+  unpacks it;
+- a later cast of an activation already cast and saved (same dtype, shape and layout) is saved as the first one.
+
+The backward runs the same operations on equal tensors (a cast is a deterministic rounding), so gradients are the
+same bit for bit (tests/core/test_lean_saved.py). The cost is one more cast of each weight per use in the backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+CHOICES = ("auto", "lean", "plain")  # train.saved_tensors
+
+_active = threading.local()  # .casts: the innermost lean_forward's _WeightCasts
+
+
+class _Recast:
+    """A saved view of the cast of `param` to `dtype`, made again on unpack."""
+
+    __slots__ = ("param", "dtype", "size", "stride", "offset")
+
+    def __init__(self, param: torch.Tensor, dtype: torch.dtype, view: torch.Tensor):
+        self.param, self.dtype = param, dtype
+        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+
+    def unpack(self) -> torch.Tensor:
+        return self.param.detach().to(self.dtype).as_strided(self.size, self.stride, self.offset)
+
+
+class _Shared:
+    """A saved view of a cast that an earlier saved tensor already holds (`base`)."""
+
+    __slots__ = ("base", "size", "stride", "offset")
+
+    def __init__(self, base: torch.Tensor, view: torch.Tensor):
+        self.base = base
+        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+
+    def unpack(self) -> torch.Tensor:
+        return self.base.as_strided(self.size, self.stride, self.offset)
+
+
+class _WeightCasts:
+    """The bf16 casts of trainable Linear weights for one forward: made at first use, shared by later uses (as
+    autocast's cache shares them), dropped after a use in the last pass."""
+
+    def __init__(self, model: torch.nn.Module):
+        # (a module with a forward of its own, set by a wrapper such as accelerate's hooks, keeps it)
+        self.linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in m.__dict__
+                        and m.weight.requires_grad and m.weight.is_floating_point()]
+        self.sharing: dict[torch.nn.Parameter, int] = {}  # how many of these modules hold each weight (ties)
+        for m in self.linears:
+            self.sharing[m.weight] = self.sharing.get(m.weight, 0) + 1
+        self.casts: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self.last_pass = False
+        self.used: dict[torch.nn.Parameter, int] = {}  # uses in the last pass so far
+
+    def weight(self, module: torch.nn.Linear, dtype: torch.dtype) -> torch.Tensor:
+        param = module.weight
+        cast = self.casts.get(param)
+        if cast is None or cast.dtype != dtype:
+            cast = param.to(dtype)  # the op autocast casts with: the same autograd node, the same rounding
+        self.casts[param] = cast
+        if self.last_pass:
+            self.used[param] = self.used.get(param, 0) + 1
+            if self.used[param] >= self.sharing[param]:  # every module holding it has run: no use is left
+                del self.casts[param]
+        return cast
+
+    def forward(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if not (torch.is_autocast_enabled(device) and torch.is_grad_enabled()) or module.weight.dtype != torch.float32:
+            return torch.nn.Linear.forward(module, x)
+        # autocast passes a bf16 weight through and casts the input and bias as it would have
+        return torch.nn.functional.linear(x, self.weight(module, torch.get_autocast_dtype(device)), module.bias)
+
+
+def _cast_source(base: torch.Tensor):
+    """(the node that made the tensor `base` was cast from, its output index), or None when `base` is no cast."""
+    fn = base.grad_fn
+    if fn is None or type(fn).__name__ != "ToCopyBackward0":
+        return None
+    return fn.next_functions[0]
+
+
+def _saved_hooks():
+    """Saved-tensor hooks: parameters' casts saved as the parameter, repeated casts of an activation once."""
+    casts: dict[tuple, torch.Tensor] = {}  # (source node, output index, dtype, shape, layout) -> first cast saved
+
+    def pack(saved: torch.Tensor):
+        base = saved if saved._base is None else saved._base
+        source = _cast_source(base)
+        if source is None or source[0] is None:
+            return saved
+        node, index = source
+        if type(node).__name__ == "AccumulateGrad":
+            param = node.variable
+            # a cast of the whole parameter (a slice or reshape before the cast would not be `base`)
+            if param.shape == base.shape and param.dtype != base.dtype and base.is_contiguous():
+                return _Recast(param, base.dtype, saved)
+            return saved
+        key = (node, index, base.dtype, tuple(base.shape), base.stride(), base.storage_offset())
+        first = casts.setdefault(key, base)
+        return saved if first is base else _Shared(first, saved)
+
+    def unpack(packed):
+        return packed.unpack() if isinstance(packed, (_Recast, _Shared)) else packed
+
+    return casts, torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+@contextlib.contextmanager
+def lean_forward(model: torch.nn.Module):
+    """A forward of `model` (and the backward of what it computes) that keeps less; see the module docstring. The
+    backward may run after the context has ended."""
+    weights = _WeightCasts(model)
+    casts, hooks = _saved_hooks()
+    for module in weights.linears:
+        module.forward = lambda x, module=module: weights.forward(module, x)
+    outer = getattr(_active, "casts", None)
+    _active.casts = weights
+    try:
+        with hooks:
+            yield
+    finally:
+        _active.casts = outer
+        for module in weights.linears:
+            del module.forward  # back to the class's
+        weights.casts.clear()
+        casts.clear()  # what was packed holds its own references
+
+
+@contextlib.contextmanager
+def last_pass():
+    """Inside a `lean_forward`: the pass through the model after which no weight is used again in this forward,
+    so each cast is dropped after its use here. Elsewhere: nothing."""
+    weights = getattr(_active, "casts", None)
+    if weights is None:
+        yield
+        return
+    weights.last_pass = True
+    try:
+        yield
+    finally:
+        weights.last_pass = False
+        weights.used.clear()
+
+
+def resolve(choice: str, bf16: bool, checkpointing: bool) -> str:
+    """What `train.saved_tensors=auto` takes: lean under bf16 autocast (where the casts are), plain elsewhere and
+    under gradient checkpointing, whose own hooks decide what is saved."""
+    if choice not in CHOICES:
+        raise ValueError(f"unknown saved-tensors choice {choice!r}; choose one of {', '.join(CHOICES)}")
+    if choice != "auto":
+        return choice
+    return "lean" if bf16 and not checkpointing else "plain"
