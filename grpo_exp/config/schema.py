@@ -235,9 +235,10 @@ class TrainConfig:
     # default run scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl)
     logprob_kernel: str = "auto"
     # What the training forward keeps for its backward under bf16 autocast: lean (core/lean_saved.py: each Linear
-    # weight's bf16 cast is made again in the backward instead of held from the forward, and an activation cast
-    # for several layers is saved once; the same gradients bit for bit, a lower memory peak), plain (autograd's
-    # own), or auto (lean under bf16 training without gradient checkpointing, whose own hooks decide what is kept)
+    # weight's bf16 cast is made again in the backward instead of held from the forward, an activation cast for
+    # several layers is saved once, RMSNorm's and SwiGLU's elementwise outputs are computed again; the same
+    # gradients bit for bit, a lower memory peak), plain (autograd's own), or auto (lean under bf16 training
+    # without gradient checkpointing, whose own hooks decide what is kept)
     saved_tensors: str = "auto"
     # Who samples the completions: trl (TRL's `generate`), engine (training/rollout.py: a rollout copy of the
     # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance), or auto (the

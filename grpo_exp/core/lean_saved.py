@@ -1,4 +1,5 @@
-"""A training forward under autocast that holds no bf16 copy of the weights and no cast twice.
+"""A training forward under autocast that keeps for its backward no bf16 copy of the weights, no cast twice, and
+no output it can compute again from what it keeps anyway.
 
 Why: under bf16 autocast every Linear layer casts its fp32 weight to bf16 and saves the cast for its backward.
 Autocast caches these casts until its region ends, and autograd then keeps them until the backward has passed
@@ -12,10 +13,14 @@ gate and up) is cast once per layer, and each cast is saved apart.
   as autocast's would);
 - autograd's saved-tensor hooks save the parameter instead of its cast, and cast it again when the backward
   unpacks it;
-- a later cast of an activation already cast and saved (same dtype, shape and layout) is saved as the first one.
+- a later cast of an activation already cast and saved (same dtype, shape and layout) is saved as the first one;
+- the output of an elementwise op whose node keeps all of its inputs anyway (RMSNorm's x * rsqrt(...), SwiGLU's
+  silu(gate)) is saved as that op, computed again when unpacked.
 
-The backward runs the same operations on equal tensors (a cast is a deterministic rounding), so gradients are the
-same bit for bit (tests/core/test_lean_saved.py). The cost is one more cast of each weight per use in the backward.
+The backward runs the same operations on equal tensors (a cast is a deterministic rounding; an elementwise op
+run again on the same tensors gives the same bits), so gradients are the same bit for bit
+(tests/core/test_lean_saved.py). The cost is one more cast of each weight, and one more of each of those ops, per
+use in the backward (README, Performance, "Less kept for the backward").
 """
 
 from __future__ import annotations
@@ -91,6 +96,51 @@ class _WeightCasts:
         return torch.nn.functional.linear(x, self.weight(module, torch.get_autocast_dtype(device)), module.bias)
 
 
+class _Recomputed:
+    """A saved view of an elementwise op's output, computed again on unpack from the inputs that op saved itself."""
+
+    __slots__ = ("op", "inputs", "size", "stride", "offset")
+
+    def __init__(self, op, inputs: tuple[torch.Tensor, ...], view: torch.Tensor):
+        self.op, self.inputs = op, inputs
+        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+
+    def unpack(self) -> torch.Tensor:
+        return self.op(*self.inputs).as_strided(self.size, self.stride, self.offset)
+
+
+# Elementwise ops whose autograd node saves every input: (op, the node's attributes holding them). The output is
+# the same op of the same tensors again, bit for bit (same kernel, same shapes and layouts).
+_RECOMPUTABLE = {
+    "MulBackward0": (torch.mul, ("_saved_self", "_saved_other")),  # RMSNorm's x * rsqrt(mean(x^2) + eps)
+    "SiluBackward0": (torch.nn.functional.silu, ("_saved_self",)),  # SwiGLU's silu(gate)
+}
+
+
+def _recomputed(base: torch.Tensor, saved: torch.Tensor) -> _Recomputed | None:
+    """`saved` as a recipe, when `base` is the contiguous output of a _RECOMPUTABLE op whose inputs its node
+    holds anyway (and are no casts this module saves in another form)."""
+    fn = base.grad_fn
+    entry = _RECOMPUTABLE.get(type(fn).__name__) if fn is not None else None
+    if entry is None or not base.is_contiguous():
+        return None
+    op, names = entry
+    try:
+        inputs = tuple(getattr(fn, name) for name in names)
+    except (AttributeError, RuntimeError):  # not saved (an input that needs no gradient), or already freed
+        return None
+    if not all(isinstance(t, torch.Tensor) and t.dtype.is_floating_point for t in inputs):
+        return None
+    if any(t.grad_fn is not None and type(t.grad_fn).__name__ == "ToCopyBackward0" for t in inputs):
+        return None
+    if torch.broadcast_shapes(*(t.shape for t in inputs)) != base.shape:
+        return None
+    dtype = torch.result_type(*inputs) if len(inputs) > 1 else inputs[0].dtype
+    if dtype != base.dtype:
+        return None
+    return _Recomputed(op, inputs, saved)
+
+
 def _cast_source(base: torch.Tensor):
     """(the node that made the tensor `base` was cast from, its output index), or None when `base` is no cast."""
     fn = base.grad_fn
@@ -107,7 +157,7 @@ def _saved_hooks():
         base = saved if saved._base is None else saved._base
         source = _cast_source(base)
         if source is None or source[0] is None:
-            return saved
+            return _recomputed(base, saved) or saved
         node, index = source
         if type(node).__name__ == "AccumulateGrad":
             param = node.variable
@@ -120,7 +170,7 @@ def _saved_hooks():
         return saved if first is base else _Shared(first, saved)
 
     def unpack(packed):
-        return packed.unpack() if isinstance(packed, (_Recast, _Shared)) else packed
+        return packed.unpack() if isinstance(packed, (_Recast, _Shared, _Recomputed)) else packed
 
     return casts, torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
