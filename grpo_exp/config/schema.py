@@ -266,6 +266,11 @@ class TrainConfig:
     # computes (an fp32 copy under fp32 training, an autocast copy under bf16), policy elsewhere
     # (training/rollout.py, old_logps_source)
     rollout_old_logps: str = "auto"
+    # engine, with the policy's old log-probs and the correction: round (TRL's: one scoring forward over each
+    # round before training on it) or batch (training/trainer.py, _score_round: the batches trained before the
+    # next optimizer step take them from their own training forward, only the later ones are scored first; the
+    # same old log-probs, so the same losses, with half the default's scoring forward; the default)
+    rollout_scoring: str = "batch"
     logging_steps: int = 1
     save_steps: int = MISSING
     save_total_limit: Optional[int] = MISSING
@@ -282,6 +287,7 @@ class TrainConfig:
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")
     IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
     OLD_LOGPS = ("auto", "policy", "sampler")
+    ROLLOUT_SCORINGS = ("round", "batch")
 
     @staticmethod
     def check(train: Any) -> None:
@@ -309,6 +315,7 @@ class TrainConfig:
         require_choice("train.rollout_sampler", train.rollout_sampler, TrainConfig.ROLLOUT_SAMPLERS)
         require_choice("train.rollout_is_mode", train.rollout_is_mode, TrainConfig.IS_MODES)
         require_choice("train.rollout_old_logps", train.rollout_old_logps, TrainConfig.OLD_LOGPS)
+        require_choice("train.rollout_scoring", train.rollout_scoring, TrainConfig.ROLLOUT_SCORINGS)
         require(train.rollout_compile in ("auto", True, False),
                 f"train.rollout_compile={train.rollout_compile!r} is not valid; choose one of: auto, true, false")
         require(train.rollout_prepack in ("auto", True, False),

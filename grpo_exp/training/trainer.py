@@ -33,9 +33,8 @@ logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
 _NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "logprob_kernel", "saved_tensors", "rollout",
-                    "rollout_dtype",
-                    "rollout_compile", "rollout_prepack", "rollout_sampler", "rollout_is_correction", "rollout_is_mode",
-                    "rollout_is_cap", "rollout_old_logps"}
+                    "rollout_dtype", "rollout_compile", "rollout_prepack", "rollout_sampler", "rollout_is_correction",
+                    "rollout_is_mode", "rollout_is_cap", "rollout_old_logps", "rollout_scoring"}
 
 
 class LossTerm(Protocol):
@@ -147,6 +146,14 @@ class GrpoExpTrainer(GRPOTrainer):
         self.rollout_engine = rollout.build_engine(self, rollout_cfg) if path == "engine" else None
         # (the sampler's log-probs, completion mask) of a batch whose training forward measures the mismatch
         self._mismatch_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Old log-probs by batch (see _score_round): TRL's scoring of each round is deferred to its batches
+        self.score_by_batch = (self.rollout_engine is not None and self.use_vllm
+                               and self.vllm_importance_sampling_correction and self.num_iterations == 1
+                               and getattr(rollout_cfg, "rollout_scoring", "batch") == "batch")
+        self._deferring = False  # TRL is generating a round whose scoring forward is deferred
+        self._round_to_score = False  # a round was generated whose batches are not scored yet
+        self._on_policy: list[dict] = []  # this round's batches that their own training forward scores
+        self._weigh_in_forward: dict | None = None  # the batch whose training forward is running
 
     def _guard_reward(self, func: Callable) -> Callable:
         """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
@@ -172,6 +179,10 @@ class GrpoExpTrainer(GRPOTrainer):
         sampler's mismatch with the trained policy is measured on the way."""
         scored = self._scored(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                               compute_aux_loss, **model_kwargs)
+        inputs, self._weigh_in_forward = self._weigh_in_forward, None
+        if inputs is not None and torch.is_grad_enabled():
+            # the policy has not moved since it sampled this batch: its training forward's log-probs are the old ones
+            self._weigh(inputs, scored[0].detach())
         batch, self._mismatch_batch = self._mismatch_batch, None
         if batch is not None and scored[0].shape == batch[0].shape:
             stats = rollout.mismatch_metrics(scored[0].detach(), *batch, "token_mask", None)
@@ -192,6 +203,9 @@ class GrpoExpTrainer(GRPOTrainer):
             if len(rows) != input_ids.size(0):
                 raise RuntimeError(f"the rollout returned {len(rows)} completions; TRL scores {input_ids.size(0)}")
             return rollout.padded_logps(rows, logits_to_keep, input_ids.device), None, None
+        if self._deferring and model is self.model and not torch.is_grad_enabled():
+            # TRL's scoring of the whole round for its later batches: each batch is scored instead (_score_round)
+            return torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device), None, None
         if self.saved_tensors == "lean" and model.training and torch.is_grad_enabled():
             with lean_saved.lean_forward(self.accelerator.unwrap_model(model)):
                 return self._forward(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
@@ -225,11 +239,20 @@ class GrpoExpTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         """TRL's; with the rollout engine, the sampler's mismatch with the trained policy is logged every round."""
-        output = super()._generate_and_score_completions(inputs)
+        deferred = self.score_by_batch and self.model.training
+        if deferred:  # TRL neither scores nor weighs the round: _score_round does, batch by batch
+            self._deferring, self.vllm_importance_sampling_correction = True, False
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            if deferred:
+                self._deferring, self.vllm_importance_sampling_correction = False, True
+        self._round_to_score = deferred
         if self.rollout_engine is not None:
             self.rollout_engine.pending_logps = None  # unused when TRL needed no old log-probs this round
         # (with the sampler's log-probs as the old ones the mismatch is 0 by construction: not logged)
-        if self.rollout_engine is not None and not self.rollout_engine.keep_logps and "old_per_token_logps" in output:
+        if (self.rollout_engine is not None and not self.rollout_engine.keep_logps and not deferred
+                and "old_per_token_logps" in output):
             mask = output["completion_mask"]
             stats = rollout.mismatch_metrics(output["old_per_token_logps"], output["sampling_per_token_logps"], mask,
                                              self.args.vllm_importance_sampling_mode,
@@ -251,7 +274,54 @@ class GrpoExpTrainer(GRPOTrainer):
             generate_every = self.args.steps_per_generation * self.num_iterations
             if self._step % generate_every == 0 or self._buffered_inputs is None:
                 self._round_poisoned = None
-        return super()._prepare_inputs(generation_batch)
+        inputs = super()._prepare_inputs(generation_batch)
+        if self._round_to_score:
+            self._round_to_score = False
+            self._score_round()
+        return inputs
+
+    def _score_round(self) -> None:
+        """PPO's old log-probs and the importance weights of a new round, batch by batch (train.rollout_scoring=batch).
+
+        TRL scores the whole round with the policy before training on it. The batches trained before the next
+        optimizer step meet a policy that has not moved since it sampled them, so their own training forward
+        gives those log-probs (TRL's rule for on-policy batches: the old log-probs are the current ones,
+        detached); the weights are taken there (_weigh). Only the later batches are scored now, before the policy
+        moves: for the default's two steps a round, half of TRL's scoring forward."""
+        batches = self._buffered_inputs
+        accumulation = self.args.gradient_accumulation_steps
+        on_policy = min(len(batches), accumulation - self._step % accumulation)  # until the next optimizer step
+        self._on_policy = batches[:on_policy]
+        for batch in self._on_policy:
+            batch.pop("old_per_token_logps", None)
+        for batch in batches[on_policy:]:
+            ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+            mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+            with torch.no_grad():
+                old, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask,
+                                                                     batch["completion_ids"].size(1),
+                                                                     batch_size=self.args.per_device_train_batch_size)
+            self._weigh(batch, old)
+
+    def _weigh(self, batch: dict, old_logps: torch.Tensor) -> None:
+        """Store a batch's old log-probs and TRL's importance weights for its sampler's mismatch, and log the
+        mismatch: what TRL's _generate_and_score_completions does for a whole round under vLLM."""
+        mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+        sampling, mode = batch["sampling_per_token_logps"], self.vllm_importance_sampling_mode
+        floor, cap = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        weights, _ = rollout.is_weights(old_logps, sampling, mask, mode, cap, floor)
+        batch["old_per_token_logps"], batch["importance_sampling_ratio"] = old_logps, weights
+        metrics = self._metrics["train"]
+        for key, value in rollout.mismatch_metrics(old_logps, sampling, mask, mode, cap, floor).items():
+            metrics[key].append(value)
+        valid = mask.bool() & ~torch.isnan(sampling)
+        delta = (old_logps - sampling).abs()[valid]
+        ratios = weights.flatten() if mode.startswith("sequence") else weights[valid]
+        if delta.numel() and ratios.numel():  # TRL's own names for the same figures
+            metrics["sampling/sampling_logp_difference/mean"].append(float(delta.mean()))
+            metrics["sampling/sampling_logp_difference/max"].append(float(delta.max()))
+            for stat in ("min", "mean", "max"):
+                metrics[f"sampling/importance_sampling_ratio/{stat}"].append(float(getattr(ratios, stat)()))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         engine = self.rollout_engine
@@ -265,7 +335,10 @@ class GrpoExpTrainer(GRPOTrainer):
                 sampler = inputs.get("sampling_per_token_logps")
             if sampler is not None:
                 self._mismatch_batch = (sampler, inputs["completion_mask"])
+        if model.training and any(inputs is batch for batch in self._on_policy):
+            self._weigh_in_forward = inputs  # its training forward gives its old log-probs (_score_round)
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self._weigh_in_forward = None
         self._mismatch_batch = None  # a loss that never called the scoring forward (TRL's liger path) leaves none
         if self.extra_loss is not None and model.training:
             loss = loss + self.extra_loss_term(model)

@@ -45,8 +45,10 @@ def train_briefly(cfg):
         compute_loss = trainer.compute_loss
 
         def recording(model, inputs, *a, **kw):
+            loss = compute_loss(model, inputs, *a, **kw)
+            # after the loss: what it used, including what the training forward added (train.rollout_scoring=batch)
             seen.append({k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
-            return compute_loss(model, inputs, *a, **kw)
+            return loss
 
         trainer.compute_loss = recording
         trainer.train()

@@ -607,6 +607,7 @@ def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp
     ("train.rollout_prepack=true,train.rollout_dtype=fp32",
      "train.rollout_prepack=true cannot be met here: train.rollout_dtype=fp32 makes an fp32 copy"),
     ("train.rollout_old_logps=vllm", "train.rollout_old_logps='vllm' is not valid; choose one of: auto, policy, sampler"),
+    ("train.rollout_scoring=step", "train.rollout_scoring='step' is not valid; choose one of: round, batch"),
     ("train.rollout=engine,train.loss_type=vespo,train.rollout_is_mode=sequence_mask",
      "train.loss_type=vespo needs a token-level train.rollout_is_mode"),
     # auto is held to the engine's rules on every machine, so a config valid on one machine is valid on all
@@ -617,3 +618,61 @@ def test_bad_rollout_settings_fail_with_one_line(tmp_path, override, message):
     cfg = compose_cfg([*FAST, *override.split(",")], tmp_path)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         validate(cfg)
+
+
+# ------------------------------------------------------------------------------ scoring the round batch by batch
+
+BF16_COPY = ["train.rollout=engine", "train.rollout_dtype=bf16", "train.precision=fp32", "train.max_steps=2",
+             "train.steps_per_generation=2"]  # two steps per round: the second trains a moved policy
+
+
+def scored_round(tmp_path, scoring: str, extra=()):
+    """One round of two steps: (trainer, the round's batches after training, the rows of each no-grad scoring)."""
+    scorings = []
+    cfg = compose_cfg([*FAST, *BF16_COPY, f"train.rollout_scoring={scoring}", *extra], tmp_path)
+    import grpo_exp.training.trainer as trainer_module
+
+    original = trainer_module.GrpoExpTrainer._forward  # the forward itself (a deferred scoring runs none)
+
+    def counting(self, model, input_ids, *a, **kw):
+        if not torch.is_grad_enabled() and model is self.model:  # the policy's, not the reference model's
+            scorings.append(input_ids.size(0))
+        return original(self, model, input_ids, *a, **kw)
+
+    trainer_module.GrpoExpTrainer._forward = counting
+    try:
+        trainer, seen, losses, moved = train_briefly(cfg)
+    finally:
+        trainer_module.GrpoExpTrainer._forward = original
+    assert moved and all(math.isfinite(x) for x in losses)
+    return trainer, trainer._buffered_inputs, scorings
+
+
+def test_scoring_by_batch_gives_trls_old_log_probs_and_weights_with_half_the_scoring(tmp_path):
+    """rollout_scoring=batch: the first step's batch takes its old log-probs from its own training forward, the
+    second's from a forward before the first update. Same round, same seed as TRL's scoring of the whole round:
+    the same old log-probs (to float rounding: other batch shapes), the weights TRL's rule gives for them, and
+    one scoring forward over half the rows instead of all."""
+    _, by_round, round_scorings = scored_round(tmp_path / "round", "round")
+    trainer, by_batch, batch_scorings = scored_round(tmp_path / "batch", "batch")
+    rows = sum(b["completion_ids"].size(0) for b in by_batch)
+    assert round_scorings == [rows] and batch_scorings == [rows // 2]
+    for batch, reference in zip(by_batch, by_round):
+        assert torch.equal(batch["completion_ids"], reference["completion_ids"])  # the same round, the same order
+        mask = batch["completion_mask"]
+        old, samp = batch["old_per_token_logps"], batch["sampling_per_token_logps"]
+        torch.testing.assert_close(old * mask, reference["old_per_token_logps"] * mask, atol=1e-5, rtol=1e-5)
+        assert not torch.equal(old * mask, samp * mask)  # a bf16 sampler: there is a mismatch to weigh
+        expect, _ = by_hand(old, samp, mask, "token_truncate", 3.0)
+        torch.testing.assert_close(batch["importance_sampling_ratio"], expect, atol=1e-6, rtol=1e-5)
+    row = next(r for r in trainer.state.log_history if "loss" in r)
+    for key in ("rollout/kl", "rollout/clipped_frac", "sampling/importance_sampling_ratio/mean"):
+        assert math.isfinite(row[key]), key
+
+
+def test_with_accumulation_over_the_round_no_batch_is_scored_before_training(tmp_path):
+    """Both batches of a round go into one optimizer step: each one's training forward scores it."""
+    trainer, batches, scorings = scored_round(tmp_path, "batch", ["train.gradient_accumulation_steps=2",
+                                                                  "train.max_steps=1"])
+    assert scorings == []
+    assert all("importance_sampling_ratio" in b and "old_per_token_logps" in b for b in batches)
