@@ -35,29 +35,39 @@ CHOICES = ("auto", "lean", "plain")  # train.saved_tensors
 _active = threading.local()  # .casts: the innermost lean_forward's _WeightCasts
 
 
+def _check_unchanged(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:
+    """Autograd's own check, which saved-tensor hooks bypass: what the backward remakes a tensor from must not
+    have been modified in place since the forward."""
+    if any(t._version != v for t, v in zip(tensors, versions)):
+        raise RuntimeError("a tensor the backward needs (saved by train.saved_tensors=lean) was modified in place "
+                           "after the forward; train.saved_tensors=plain keeps copies instead")
+
+
 class _Recast:
     """A saved view of the cast of `param` to `dtype`, made again on unpack."""
 
-    __slots__ = ("param", "dtype", "size", "stride", "offset")
+    __slots__ = ("param", "dtype", "size", "stride", "offset", "version")
 
     def __init__(self, param: torch.Tensor, dtype: torch.dtype, view: torch.Tensor):
-        self.param, self.dtype = param, dtype
+        self.param, self.dtype, self.version = param, dtype, param._version
         self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
 
     def unpack(self) -> torch.Tensor:
+        _check_unchanged((self.param,), (self.version,))
         return self.param.detach().to(self.dtype).as_strided(self.size, self.stride, self.offset)
 
 
 class _Shared:
     """A saved view of a cast that an earlier saved tensor already holds (`base`)."""
 
-    __slots__ = ("base", "size", "stride", "offset")
+    __slots__ = ("base", "size", "stride", "offset", "version")
 
     def __init__(self, base: torch.Tensor, view: torch.Tensor):
-        self.base = base
+        self.base, self.version = base, base._version
         self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
 
     def unpack(self) -> torch.Tensor:
+        _check_unchanged((self.base,), (self.version,))
         return self.base.as_strided(self.size, self.stride, self.offset)
 
 
@@ -74,6 +84,7 @@ class _WeightCasts:
             self.sharing[m.weight] = self.sharing.get(m.weight, 0) + 1
         self.casts: dict[torch.nn.Parameter, torch.Tensor] = {}
         self.last_pass = False
+        self.earlier: dict[torch.nn.Parameter, int] = {}  # uses before the last pass (one pass: its uses)
         self.used: dict[torch.nn.Parameter, int] = {}  # uses in the last pass so far
 
     def weight(self, module: torch.nn.Linear, dtype: torch.dtype) -> torch.Tensor:
@@ -82,10 +93,15 @@ class _WeightCasts:
         if cast is None or cast.dtype != dtype:
             cast = param.to(dtype)  # the op autocast casts with: the same autograd node, the same rounding
         self.casts[param] = cast
-        if self.last_pass:
-            self.used[param] = self.used.get(param, 0) + 1
-            if self.used[param] >= self.sharing[param]:  # every module holding it has run: no use is left
-                del self.casts[param]
+        if not self.last_pass:
+            self.earlier[param] = self.earlier.get(param, 0) + 1
+            return cast
+        self.used[param] = self.used.get(param, 0) + 1
+        # the last pass uses it as often as the pass before did (a module may call its layer twice: PEFT's DoRA),
+        # or, with no pass before, once per module holding it. After more than one earlier pass the count is too
+        # high and the cast lives to the forward's end: more memory, never a second cast.
+        if self.used[param] >= self.earlier.get(param, self.sharing[param]):
+            del self.casts[param]
         return cast
 
     def forward(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -99,13 +115,14 @@ class _WeightCasts:
 class _Recomputed:
     """A saved view of an elementwise op's output, computed again on unpack from the inputs that op saved itself."""
 
-    __slots__ = ("op", "inputs", "size", "stride", "offset")
+    __slots__ = ("op", "inputs", "size", "stride", "offset", "versions")
 
     def __init__(self, op, inputs: tuple[torch.Tensor, ...], view: torch.Tensor):
-        self.op, self.inputs = op, inputs
+        self.op, self.inputs, self.versions = op, inputs, tuple(t._version for t in inputs)
         self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
 
     def unpack(self) -> torch.Tensor:
+        _check_unchanged(self.inputs, self.versions)
         return self.op(*self.inputs).as_strided(self.size, self.stride, self.offset)
 
 
@@ -210,6 +227,7 @@ def last_pass():
     finally:
         weights.last_pass = False
         weights.used.clear()
+        weights.earlier.clear()
 
 
 def resolve(choice: str, bf16: bool, checkpointing: bool) -> str:

@@ -54,7 +54,10 @@ def unsupported_reason(dtype: torch.dtype, device: torch.device) -> str | None:
         return f"{str(dtype).replace('torch.', '')} weights (oneDNN packing is used for bf16)"
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN"
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    # oneDNN reports bf16 support on any AVX-512 CPU, emulated or not; the training's own test is stricter
+    from grpo_exp.base.cpu import resolve_precision
+
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported() or resolve_precision("auto") != "bf16":
         return "the CPU has no native bf16 for oneDNN to pack into"
     return None
 
@@ -85,9 +88,12 @@ class PackedLinear(torch.nn.Linear):
         return self.slot in _PACKED
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != self.weight.dtype:  # under autocast: the cast autocast's own linear makes
+        bias = self.bias
+        if x.dtype != self.weight.dtype:  # under autocast: the casts autocast's own linear makes
             x = x.to(self.weight.dtype)
-        return torch.ops.grpo_exp.packed_linear(x, self.slot, self.out_features, self.bias)
+        if bias is not None and bias.dtype != self.weight.dtype:  # the autocast copy keeps fp32 biases
+            bias = bias.to(self.weight.dtype)
+        return torch.ops.grpo_exp.packed_linear(x, self.slot, self.out_features, bias)
 
 
 def pack_linears(model: torch.nn.Module) -> list[PackedLinear]:

@@ -147,9 +147,14 @@ class GrpoExpTrainer(GRPOTrainer):
         # (the sampler's log-probs, completion mask) of a batch whose training forward measures the mismatch
         self._mismatch_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Old log-probs by batch (see _score_round): TRL's scoring of each round is deferred to its batches
+        # (where a round's batches and the optimizer steps line up, so it is known which batches meet the policy
+        # that sampled them)
+        spg, accumulation = self.args.steps_per_generation, self.args.gradient_accumulation_steps
         self.score_by_batch = (self.rollout_engine is not None and self.use_vllm
                                and self.vllm_importance_sampling_correction and self.num_iterations == 1
+                               and (spg % accumulation == 0 or accumulation % spg == 0)
                                and getattr(rollout_cfg, "rollout_scoring", "batch") == "batch")
+        self._round_step = -1  # the optimizer step the current round's on-policy batches belong to
         self._deferring = False  # TRL is generating a round whose scoring forward is deferred
         self._round_to_score = False  # a round was generated whose batches are not scored yet
         self._on_policy: list[dict] = []  # this round's batches that their own training forward scores
@@ -291,7 +296,7 @@ class GrpoExpTrainer(GRPOTrainer):
         batches = self._buffered_inputs
         accumulation = self.args.gradient_accumulation_steps
         on_policy = min(len(batches), accumulation - self._step % accumulation)  # until the next optimizer step
-        self._on_policy = batches[:on_policy]
+        self._on_policy, self._round_step = batches[:on_policy], self.state.global_step
         for batch in self._on_policy:
             batch.pop("old_per_token_logps", None)
         for batch in batches[on_policy:]:
@@ -336,6 +341,10 @@ class GrpoExpTrainer(GRPOTrainer):
             if sampler is not None:
                 self._mismatch_batch = (sampler, inputs["completion_mask"])
         if model.training and any(inputs is batch for batch in self._on_policy):
+            if self.state.global_step != self._round_step:  # the policy moved since it sampled this batch
+                raise RuntimeError(f"train.rollout_scoring=batch: a batch of the round generated at step "
+                                   f"{self._round_step} trains at step {self.state.global_step}, after the policy "
+                                   f"moved; use train.rollout_scoring=round")
             self._weigh_in_forward = inputs  # its training forward gives its old log-probs (_score_round)
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self._weigh_in_forward = None

@@ -121,6 +121,46 @@ def test_a_weight_two_layers_hold_is_cast_once_per_forward(last_pass):
     assert torch.equal(grads[0], grads[1])
 
 
+class CalledTwice(torch.nn.Module):
+    """One Linear layer run twice per pass (as PEFT's DoRA runs its lora_B)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16, bias=False)
+
+    def forward(self, x):
+        return self.a(torch.relu(self.a(x)))
+
+
+def test_a_layer_run_twice_in_each_of_two_passes_shares_one_cast():
+    """Two passes, the second marked last, as the shared-prefix scoring runs them: the cast must live until the
+    second pass's second use, or that use would cast again and the gradients would be summed in another order."""
+    torch.manual_seed(0)
+    model, x1, x2 = CalledTwice(), torch.randn(4, 16), torch.randn(8, 16)
+    grads = []
+    for lean in (False, True):
+        model.zero_grad(set_to_none=True)
+        with lean_saved.lean_forward(model) if lean else contextlib.nullcontext(), \
+                torch.autocast("cpu", dtype=torch.bfloat16):
+            first = model(x1)
+            with lean_saved.last_pass():
+                second = model(x2)
+        ((first.float() ** 2).sum() + (second.float() ** 3).sum()).backward()
+        grads.append(model.a.weight.grad.clone())
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_a_weight_changed_in_place_before_the_backward_is_an_error():
+    """Autograd refuses a backward through a tensor modified since the forward; the hooks must refuse too."""
+    model, x = CalledTwice(), torch.randn(4, 16)
+    with lean_saved.lean_forward(model), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(x)
+    with torch.no_grad():
+        model.a.weight.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        y.float().sum().backward()
+
+
 def test_outside_autocast_or_without_gradients_nothing_changes(llama):
     ids, mask, keep = batch()
     with torch.no_grad():

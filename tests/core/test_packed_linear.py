@@ -39,6 +39,12 @@ def test_packed_outputs_equal_the_plain_linears_bit_for_bit(bias):
         x = torch.randn(4, 96)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert torch.equal(layer(x), plain(x))
+        if bias:  # the autocast copy: bf16 weight, fp32 bias, which autocast's linear rounds to bf16 first
+            mixed = torch.nn.Linear(96, 160)
+            mixed.weight = torch.nn.Parameter(plain.weight.detach().clone())
+            mixed_packed = packed_linear.PackedLinear(mixed)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert mixed.bias.dtype == torch.float32 and torch.equal(mixed_packed(x), mixed(x))
         compiled = torch.compile(lambda t: torch.nn.functional.silu(layer(t)) * 2, dynamic=False)
         x = torch.randn(16, 1, 96).bfloat16()
         assert torch.equal(compiled(x), torch.nn.functional.silu(plain(x)) * 2)

@@ -676,3 +676,13 @@ def test_with_accumulation_over_the_round_no_batch_is_scored_before_training(tmp
                                                                   "train.max_steps=1"])
     assert scorings == []
     assert all("importance_sampling_ratio" in b and "old_per_token_logps" in b for b in batches)
+
+
+def test_rounds_that_do_not_line_up_with_optimizer_steps_are_scored_whole(tmp_path):
+    """3 batches a round, 2 per optimizer step: which batches meet the sampling policy varies from round to
+    round, so TRL's scoring of the whole round is kept."""
+    cfg = compose_cfg([*FAST, *BF16_COPY, "train.rollout_scoring=batch", "train.steps_per_generation=3",
+                       "train.gradient_accumulation_steps=2", "train.max_steps=1"], tmp_path)
+    trainer, seen, losses, moved = train_briefly(cfg)
+    assert not trainer.score_by_batch and moved
+    assert all("importance_sampling_ratio" in b for b in seen)
