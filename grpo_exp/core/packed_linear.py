@@ -97,11 +97,13 @@ class PackedLinear(torch.nn.Linear):
 
 
 def pack_linears(model: torch.nn.Module) -> list[PackedLinear]:
-    """Replace every nn.Linear in `model` with a PackedLinear over the same parameters (in place); returns them."""
+    """Replace every nn.Linear in `model` with a PackedLinear over the same parameters (in place); returns them.
+    A layer whose forward was replaced on the instance (TRL's `cast_lm_head_to_fp32` does so to the LM head)
+    keeps it, unpacked: packing would drop what that forward computes."""
     swapped = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear:
+            if type(child) is torch.nn.Linear and "forward" not in child.__dict__:
                 packed = PackedLinear(child)
                 setattr(parent, name, packed)
                 swapped.append(packed)

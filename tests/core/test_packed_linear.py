@@ -70,3 +70,16 @@ def test_pack_linears_swaps_every_linear_and_keeps_names_and_ties():
     assert len(swapped) == 2 and all(isinstance(m, packed_linear.PackedLinear) for m in (model[1], model[3][0]))
     assert [n for n, _ in model.named_parameters()] == names
     assert model[3][0].weight is model[0].weight
+
+
+def test_a_layer_with_a_forward_of_its_own_is_left_as_it_is():
+    """TRL's cast_lm_head_to_fp32 replaces the head's forward on the instance; packing it would drop that."""
+    if WHY is not None:
+        assert "native bf16" in WHY
+        return
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).bfloat16()
+    own = model[1]
+    own.forward = lambda x: torch.nn.functional.linear(x.float(), own.weight.float())
+    swapped = packed_linear.pack_linears(model)
+    assert swapped == [model[0]] and model[1] is own and type(own) is torch.nn.Linear
+    assert model(torch.randn(2, 8).bfloat16()).dtype == torch.float32
