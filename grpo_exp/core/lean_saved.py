@@ -35,40 +35,49 @@ CHOICES = ("auto", "lean", "plain")  # train.saved_tensors
 _active = threading.local()  # .casts: the innermost lean_forward's _WeightCasts
 
 
-def _check_unchanged(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:
-    """Autograd's own check, which saved-tensor hooks bypass: what the backward remakes a tensor from must not
-    have been modified in place since the forward."""
-    if any(t._version != v for t, v in zip(tensors, versions)):
-        raise RuntimeError("a tensor the backward needs (saved by train.saved_tensors=lean) was modified in place "
-                           "after the forward; train.saved_tensors=plain keeps copies instead")
+class _SavedView:
+    """A saved tensor kept as a recipe: `_make()` remakes the tensor it is a view of, from `sources`, which must
+    not have been modified in place since the forward (autograd's own check, which saved-tensor hooks bypass)."""
+
+    __slots__ = ("sources", "versions", "size", "stride", "offset")
+
+    def __init__(self, view: torch.Tensor, sources: tuple[torch.Tensor, ...]):
+        self.sources, self.versions = sources, tuple(t._version for t in sources)
+        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+
+    def _make(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def unpack(self) -> torch.Tensor:
+        if any(t._version != v for t, v in zip(self.sources, self.versions)):
+            raise RuntimeError("a tensor the backward needs (saved by train.saved_tensors=lean) was modified in "
+                               "place after the forward; train.saved_tensors=plain keeps copies instead")
+        return self._make().as_strided(self.size, self.stride, self.offset)
 
 
-class _Recast:
-    """A saved view of the cast of `param` to `dtype`, made again on unpack."""
+class _Recast(_SavedView):
+    """A saved view of the cast of a parameter to `dtype`, made again on unpack."""
 
-    __slots__ = ("param", "dtype", "size", "stride", "offset", "version")
+    __slots__ = ("dtype",)
 
     def __init__(self, param: torch.Tensor, dtype: torch.dtype, view: torch.Tensor):
-        self.param, self.dtype, self.version = param, dtype, param._version
-        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+        super().__init__(view, (param,))
+        self.dtype = dtype
 
-    def unpack(self) -> torch.Tensor:
-        _check_unchanged((self.param,), (self.version,))
-        return self.param.detach().to(self.dtype).as_strided(self.size, self.stride, self.offset)
+    def _make(self) -> torch.Tensor:
+        return self.sources[0].detach().to(self.dtype)
 
 
-class _Shared:
-    """A saved view of a cast that an earlier saved tensor already holds (`base`)."""
+class _Shared(_SavedView):
+    """A saved view of a cast that an earlier saved tensor already holds (its `base`)."""
 
-    __slots__ = ("base", "size", "stride", "offset", "version")
+    __slots__ = ()
 
     def __init__(self, base: torch.Tensor, view: torch.Tensor):
-        self.base, self.version = base, base._version
-        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+        super().__init__(view, (base,))
 
-    def unpack(self) -> torch.Tensor:
-        _check_unchanged((self.base,), (self.version,))
-        return self.base.as_strided(self.size, self.stride, self.offset)
+    def _make(self) -> torch.Tensor:
+        return self.sources[0]
 
 
 class _WeightCasts:
@@ -112,18 +121,17 @@ class _WeightCasts:
         return torch.nn.functional.linear(x, self.weight(module, torch.get_autocast_dtype(device)), module.bias)
 
 
-class _Recomputed:
+class _Recomputed(_SavedView):
     """A saved view of an elementwise op's output, computed again on unpack from the inputs that op saved itself."""
 
-    __slots__ = ("op", "inputs", "size", "stride", "offset", "versions")
+    __slots__ = ("op",)
 
     def __init__(self, op, inputs: tuple[torch.Tensor, ...], view: torch.Tensor):
-        self.op, self.inputs, self.versions = op, inputs, tuple(t._version for t in inputs)
-        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+        super().__init__(view, inputs)
+        self.op = op
 
-    def unpack(self) -> torch.Tensor:
-        _check_unchanged(self.inputs, self.versions)
-        return self.op(*self.inputs).as_strided(self.size, self.stride, self.offset)
+    def _make(self) -> torch.Tensor:
+        return self.op(*self.sources)
 
 
 # Elementwise ops whose autograd node saves every input: (op, the node's attributes holding them). The output is
@@ -187,7 +195,7 @@ def _saved_hooks():
         return saved if first is base else _Shared(first, saved)
 
     def unpack(packed):
-        return packed.unpack() if isinstance(packed, (_Recast, _Shared, _Recomputed)) else packed
+        return packed.unpack() if isinstance(packed, _SavedView) else packed
 
     return casts, torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
