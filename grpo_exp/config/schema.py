@@ -323,15 +323,11 @@ class TrainConfig:
         if train.rollout_prepack is True and train.rollout != "trl":  # asked for: say before the model loads
             import torch
 
-            from grpo_exp.base.cpu import resolve_precision
             from grpo_exp.core import packed_linear
 
-            if train.rollout_dtype == "fp32":
-                why = "train.rollout_dtype=fp32 makes an fp32 copy"
-            elif train.rollout_dtype == "auto" and resolve_precision("auto") != "bf16":
-                why = "without native bf16 train.rollout_dtype=auto makes an fp32 copy"
-            else:
-                why = packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu"))
+            # (without native bf16 the check below refuses too; there `auto` makes an fp32 copy)
+            why = ("train.rollout_dtype=fp32 makes an fp32 copy" if train.rollout_dtype == "fp32"
+                   else packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu")))
             require(why is None, f"train.rollout_prepack=true cannot be met here: {why}; choose one of: auto, false")
         # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set
         require(not (train.rollout in ("engine", "auto") and train.rollout_is_correction and train.loss_type == "vespo"
