@@ -317,13 +317,14 @@ class GrpoExpTrainer(GRPOTrainer):
         weights, _ = rollout.is_weights(old_logps, sampling, mask, mode, cap, floor)
         batch["old_per_token_logps"], batch["importance_sampling_ratio"] = old_logps, weights
         metrics = self._metrics["train"]
-        for key, value in rollout.mismatch_metrics(old_logps, sampling, mask, mode, cap, floor).items():
+        stats = rollout.mismatch_metrics(old_logps, sampling, mask, mode, cap, floor)
+        for key, value in stats.items():
             metrics[key].append(value)
         valid = mask.bool() & ~torch.isnan(sampling)
         delta = (old_logps - sampling).abs()[valid]
         ratios = weights.flatten() if mode.startswith("sequence") else weights[valid]
         if delta.numel() and ratios.numel():  # TRL's own names for the same figures
-            metrics["sampling/sampling_logp_difference/mean"].append(float(delta.mean()))
+            metrics["sampling/sampling_logp_difference/mean"].append(stats["rollout/logp_diff_abs"])
             metrics["sampling/sampling_logp_difference/max"].append(float(delta.max()))
             for stat in ("min", "mean", "max"):
                 metrics[f"sampling/importance_sampling_ratio/{stat}"].append(float(getattr(ratios, stat)()))
