@@ -140,7 +140,8 @@ def _engine_round(args, model, tokenizer, prompts, pad):
     engine = rollout.RolloutEngine(model, dtype=rollout.native_dtype(), compile="auto", max_new_tokens=args.tokens,
                                    temperature=1.0, top_k=0, top_p=1.0, eos_token_ids=[tokenizer.eos_token_id],
                                    pad_token_id=pad, min_new_tokens=args.tokens,
-                                   prepack={"true": True, "false": False}.get(args.prepack, "auto"))
+                                   prepack={"true": True, "false": False}.get(args.prepack, "auto"),
+                                   attention_decode=args.attention_decode)
     prompt_ids = tokenizer(prompts)["input_ids"]
 
     def decode() -> float:
@@ -149,7 +150,7 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         return time.perf_counter() - t0
 
     label = (f"the rollout engine ({engine.label} copy, decoding step {'compiled' if engine.compiled else 'eager'}, "
-             f"Linear weights {'packed' if engine.packed else 'plain'})")
+             f"Linear weights {'packed' if engine.packed else 'plain'}, attention_decode={args.attention_decode})")
     return decode, engine.head.weight.detach(), label
 
 

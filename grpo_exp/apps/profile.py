@@ -19,6 +19,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prepack", default="auto", choices=["auto", "true", "false"],
                    help="--path engine: the copy's Linear weights packed for oneDNN once per round "
                         "(train.rollout_prepack; auto: where the copy is bf16 and the CPU computes bf16 natively)")
+    p.add_argument("--attention-decode", default="cache_axis", choices=["cache_axis", "last_axis"],
+                   help="--path engine: how the copy's grouped attention lays out a decoding step's scores "
+                        "(train.attention_decode; default cache_axis)")
     p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m)")
     p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per sequence, forced (default 64)")

@@ -228,6 +228,11 @@ class TrainConfig:
     # heads grouped by the key/value head they share; a shorter step on CPUs), or auto (grouped on a CPU, sdpa
     # on CUDA; the default, chosen with the rollout engine below: README, "How the default was chosen")
     attention: str = "auto"
+    # How grouped attention (the policy's with attention=grouped, and always the rollout engine's copy) lays out
+    # a decoding step's scores: cache_axis ([b, kv, L, g], the default) or last_axis ([b, kv, g, L]: a shorter
+    # compiled decoding step, other bf16 rounding, so opt-in until seeds show it; README, Performance,
+    # "Decoding attention along the last axis")
+    attention_decode: str = "cache_axis"
     # The LM head's log-probs in the shared-prefix scoring: trl (TRL's chunked kernel; on a CPU its gradient
     # GEMMs run in fp32), autocast (core/logprob_head.py: the same forward, gradient GEMMs in the autocast
     # dtype as for every other layer; a 25% shorter default step with native bf16; README, Performance), or
@@ -281,6 +286,7 @@ class TrainConfig:
     REWARD_SCALINGS = ("group", "batch", "none")
     ROLLOUTS = ("auto", "trl", "engine")
     ATTENTIONS = ("auto", "sdpa", "grouped", "eager")
+    ATTENTION_DECODES = ("cache_axis", "last_axis")
     LOGPROB_KERNELS = ("auto", "trl", "autocast")
     SAVED_TENSORS = ("auto", "lean", "plain")
     ROLLOUT_DTYPES = ("auto", "autocast", "bf16", "fp32")
@@ -306,6 +312,7 @@ class TrainConfig:
         require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)
         require_choice("train.rollout", train.rollout, TrainConfig.ROLLOUTS)
         require_choice("train.attention", train.attention, TrainConfig.ATTENTIONS)
+        require_choice("train.attention_decode", train.attention_decode, TrainConfig.ATTENTION_DECODES)
         require_choice("train.logprob_kernel", train.logprob_kernel, TrainConfig.LOGPROB_KERNELS)
         require_choice("train.saved_tensors", train.saved_tensors, TrainConfig.SAVED_TENSORS)
         require(not (train.saved_tensors == "lean" and train.gradient_checkpointing),

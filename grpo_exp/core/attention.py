@@ -23,8 +23,12 @@ from grpo_exp.base import log
 logger = log.get_logger(__name__)
 
 GROUPED = "grpo_grouped"
+# grouped attention whose decoding steps take their scores as [b, kv, g, L] (train.attention_decode=last_axis)
+GROUPED_LAST_AXIS = "grpo_grouped_last_axis"
 # train.attention's choices: sdpa and eager are transformers' own; auto resolves by machine (resolve)
 CHOICES = ("auto", "sdpa", "grouped", "eager")
+# train.attention_decode: how grouped attention lays out a decoding step's scores (grouped_attention_last_axis)
+DECODE_LAYOUTS = ("cache_axis", "last_axis")
 
 
 def resolve(choice: str) -> str:
@@ -45,8 +49,6 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     g = h // kv
     # query head j*g + i uses key/value head j (repeat_kv's order): group them along the query axis
     grouped = query.reshape(b, kv, g * q, d)
-    if q == 1:  # a decoding step: the softmax runs along the last axis of [b, kv, g, L] (_decoding_step)
-        return _decoding_step(grouped, key, value, attention_mask, scaling, query.dtype).view(b, q, h, d), None
     scores = torch.matmul(key, grouped.transpose(2, 3)).view(b, kv, -1, g, q)  # [b, kv, L, g, q]
     if attention_mask is not None:  # [b, 1, q, L], additive, the same for every head
         scores = scores + attention_mask.transpose(2, 3)[:, :, :, None, :]
@@ -55,35 +57,44 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
 
 
-def _decoding_step(grouped, key, value, attention_mask, scaling, dtype) -> torch.Tensor:
-    """Attention of one new token per row, [b, kv, g, d]: query @ key^T, softmax, probs @ value.
+def grouped_attention_last_axis(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """grouped_attention, except that a decoding step (one query position) takes its scores as [b, kv, g, L]:
+    query @ key^T, a softmax along the last axis, probs @ value.
 
-    Why not the layout above: with one query position its scores are [b, kv, L, g] with g (3 for the default
-    model) innermost, and inductor's CPU code for a softmax along L then opens a parallel region per row
-    (b * kv of them per layer), which made the softmax about a quarter of the compiled decoding step. Taking
-    the scores as [b, kv, g, L] puts L innermost; for a single query row the transposed key costs less than
-    that (README, Performance: "Decoding attention")."""
+    Why: with one query position grouped_attention's scores are [b, kv, L, g] with g (3 for the default model)
+    innermost, and inductor's CPU code for a softmax along L then opens one parallel region per row and
+    key/value head, about a quarter of the rollout engine's compiled decoding step at 16 rows. The maths is the
+    same, the rounding is not (another GEMM layout and summation order in bf16), so it is opt-in: README,
+    Performance, "Decoding attention along the last axis"."""
+    b, h, q, d = query.shape
+    if q != 1:
+        return grouped_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    kv = key.shape[1]
+    grouped = query.reshape(b, kv, h // kv, d)  # query head j*g + i is row i of group j (repeat_kv's order)
     scores = torch.matmul(grouped, key.transpose(2, 3))  # [b, kv, g, L]
     if attention_mask is not None:  # [b, 1, 1, L], additive
         scores = scores + attention_mask
-    probs = torch.softmax(scores * scaling, dim=-1, dtype=torch.float32).to(dtype)
-    return torch.matmul(probs, value)  # [b, kv, g, d]: query head j*g + i is row i of group j
+    probs = torch.softmax(scores * scaling, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(probs, value).view(b, q, h, d), None  # [b, kv, g, d] is [b, h, d] in head order
 
 
-def use(model: torch.nn.Module, choice: str) -> str | None:
-    """Set `model`'s attention to `choice` (see CHOICES); returns the implementation now in use, or None where
-    this transformers release cannot take it (the model keeps its own, logged)."""
+def use(model: torch.nn.Module, choice: str, decode: str = "cache_axis") -> str | None:
+    """Set `model`'s attention to `choice` (see CHOICES), grouped attention's decoding steps laid out as
+    `decode` says (DECODE_LAYOUTS); returns the implementation now in use, or None where this transformers
+    release cannot take it (the model keeps its own, logged)."""
     if choice not in CHOICES:
         raise ValueError(f"unknown attention {choice!r}; choose one of {', '.join(CHOICES)}")
+    if decode not in DECODE_LAYOUTS:
+        raise ValueError(f"unknown decoding layout {decode!r}; choose one of {', '.join(DECODE_LAYOUTS)}")
     choice = resolve(choice)
-    name = GROUPED if choice == "grouped" else choice
+    name = ({"cache_axis": GROUPED, "last_axis": GROUPED_LAST_AXIS}[decode] if choice == "grouped" else choice)
     try:
-        if name == GROUPED:
+        if name in (GROUPED, GROUPED_LAST_AXIS):
             from transformers import AttentionInterface
             from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-            AttentionInterface.register(GROUPED, grouped_attention)
-            AttentionMaskInterface.register(GROUPED, eager_mask)  # additive 0 / -inf masks, never skipped
+            AttentionInterface.register(name, grouped_attention if name == GROUPED else grouped_attention_last_axis)
+            AttentionMaskInterface.register(name, eager_mask)  # additive 0 / -inf masks, never skipped
         model.set_attn_implementation(name)
     except Exception as err:  # another transformers release or model class: keep the model's own attention
         logger.info("attention %s not set (%s: %s); the model's own is used", choice, type(err).__name__, err)

@@ -190,7 +190,8 @@ def model_unsupported_reason(model) -> str | None:
     return shared_prefix.unsupported_reason(model) or _static_layers_ok(model.config)
 
 
-def rollout_copy(model: torch.nn.Module, dtype: torch.dtype, autocast: bool = False) -> torch.nn.Module:
+def rollout_copy(model: torch.nn.Module, dtype: torch.dtype, autocast: bool = False,
+                 attention_decode: str = "cache_axis") -> torch.nn.Module:
     """A frozen copy of `model` with its parameters in `dtype`, built without a transient full-precision copy
     (each parameter is cast straight into the copy; tied parameters stay tied). A parameter already in `dtype`
     is not copied: the copy's parameter shares the policy's storage (an fp32 copy of an fp32 policy holds no
@@ -212,7 +213,7 @@ def rollout_copy(model: torch.nn.Module, dtype: torch.dtype, autocast: bool = Fa
         head.weight = torch.nn.Parameter(head.weight.detach().to(dtype, copy=True), requires_grad=False)
     shell.__dict__.pop("forward", None)  # accelerate's autocast wrapper, if the model was prepared already
     shell.eval()
-    attention.use(shell, "grouped")
+    attention.use(shell, "grouped", attention_decode)  # decoding steps laid out as train.attention_decode says
     return shell
 
 
@@ -222,14 +223,15 @@ class RolloutEngine:
     def __init__(self, policy: torch.nn.Module, *, dtype: torch.dtype, autocast: bool = False,
                  compile: bool | str = "auto", prepack: bool | str = "auto",
                  max_new_tokens: int, temperature: float = 1.0, top_k: int | None = 0, top_p: float = 1.0,
-                 eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf", min_new_tokens: int = 0):
+                 eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf", min_new_tokens: int = 0,
+                 attention_decode: str = "cache_axis"):
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
         self.sampler = sampler
         self.dtype = dtype
         self.autocast = autocast  # compute under `dtype` autocast, as the policy trains (rollout_copy)
         self.label = f"{str(dtype).replace('torch.', '')}{' autocast' if autocast else ''}"
-        self.model = rollout_copy(policy, dtype, autocast)
+        self.model = rollout_copy(policy, dtype, autocast, attention_decode)
         self.device = next(self.model.parameters()).device
         # the copy's parameters that are the policy's own storage (rollout_copy): never released, never copied
         self.shared = self._shared_with(policy)
@@ -620,7 +622,8 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
         max_new_tokens=trainer.max_completion_length, temperature=trainer.temperature, top_k=trainer.top_k,
         top_p=trainer.top_p, eos_token_ids=list(trainer.eos_token_ids),
         pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler,
-        min_new_tokens=(trainer.args.generation_kwargs or {}).get("min_new_tokens", 0))
+        min_new_tokens=(trainer.args.generation_kwargs or {}).get("min_new_tokens", 0),
+        attention_decode=train_cfg.attention_decode)
     trainer.rollout_func = engine.rollout
     source = old_logps_source(train_cfg.rollout_old_logps, train_cfg.rollout_dtype, train_cfg.precision)
     if source == "sampler":

@@ -32,9 +32,9 @@ from grpo_exp.training import checkpoints, rollout, shared_prefix
 logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "logprob_kernel", "saved_tensors", "rollout",
-                    "rollout_dtype", "rollout_compile", "rollout_prepack", "rollout_sampler", "rollout_is_correction",
-                    "rollout_is_mode", "rollout_is_cap", "rollout_old_logps", "rollout_scoring"}
+_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "attention_decode", "logprob_kernel",
+                    "saved_tensors", "rollout", "rollout_dtype", "rollout_compile", "rollout_prepack", "rollout_sampler",
+                    "rollout_is_correction", "rollout_is_mode", "rollout_is_cap", "rollout_old_logps", "rollout_scoring"}
 
 
 class LossTerm(Protocol):
@@ -510,7 +510,8 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
     args = grpo_config(cfg.train, Path(output_dir) / "checkpoints", parts.reward_weights, report_to or [])
     policy = shared_prefix.scoring_model(parts.model)  # a peft wrapper's inner model, whose attention runs
     logger.info("train.attention=%s: %s", cfg.train.attention,
-                attention.use(policy, cfg.train.attention) or policy.config._attn_implementation)
+                attention.use(policy, cfg.train.attention, cfg.train.attention_decode)
+                or policy.config._attn_implementation)
     return GrpoExpTrainer(
         model=parts.model,
         reward_funcs=parts.reward_funcs,

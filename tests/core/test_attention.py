@@ -64,8 +64,10 @@ def test_greedy_generation_is_the_same_with_grouped_attention(tmp_path):
     assert torch.equal(runs["grouped"], runs["eager"])
 
 
-def test_a_decoding_step_through_grouped_attention_equals_eager(tmp_path):
-    """One query per row after a padded prefix in the cache: the layout the rollout engine decodes with."""
+@pytest.mark.parametrize("decode", attention.DECODE_LAYOUTS)
+def test_a_decoding_step_through_grouped_attention_equals_eager(tmp_path, decode):
+    """One query per row after a padded prefix in the cache: the layout the rollout engine decodes with, in both
+    of train.attention_decode's layouts."""
     from transformers import DynamicCache
 
     cfg = compose_cfg(["debug=smoke"], tmp_path)
@@ -75,7 +77,7 @@ def test_a_decoding_step_through_grouped_attention_equals_eager(tmp_path):
     kw = rollout._cache_kwarg(type(model))  # transformers renamed past_key_values in a minor release
     logits = {}
     for choice in ("eager", "grouped"):
-        attention.use(model, choice)
+        attention.use(model, choice, decode)
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
             model(input_ids=ids, attention_mask=mask, use_cache=True, **{kw: cache})
@@ -90,6 +92,29 @@ def test_bad_choices_are_named(tmp_path):
     model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
     with pytest.raises(ValueError, match="unknown attention 'flash'; choose one of auto, sdpa, grouped, eager"):
         attention.use(model, "flash")
+    with pytest.raises(ValueError, match="unknown decoding layout 'rows'; choose one of cache_axis, last_axis"):
+        attention.use(model, "grouped", "rows")
+
+
+def test_the_last_axis_layout_is_grouped_attention_itself_beyond_one_query(tmp_path):
+    """train.attention_decode=last_axis changes only one-query steps: a training forward and backward over many
+    positions is grouped attention's, bit for bit; its greedy decoding picks eager's tokens."""
+    cfg = compose_cfg(["debug=smoke"], tmp_path)
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    ids, mask = _left_padded(model, seed=0, width=11, pads=(0, 4, 7))
+    assert attention.use(model, "grouped") == attention.GROUPED
+    logits, grads = _loss_and_grads(model, ids, mask)
+    assert attention.use(model, "grouped", "last_axis") == attention.GROUPED_LAST_AXIS
+    last_logits, last_grads = _loss_and_grads(model, ids, mask)
+    assert torch.equal(last_logits, logits)
+    assert all(torch.equal(last_grads[name], grad) for name, grad in grads.items())
+    runs = {}
+    for choice, decode in (("eager", "cache_axis"), ("grouped", "last_axis")):
+        attention.use(model, choice, decode)
+        with torch.no_grad():
+            runs[choice] = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                                          pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
+    assert torch.equal(runs["grouped"], runs["eager"])
 
 
 @pytest.mark.parametrize("cuda,expected", [(False, "grouped"), (True, "sdpa")])
@@ -117,4 +142,11 @@ def test_the_trainer_gives_the_policy_the_chosen_attention(tmp_path, spread_rewa
 def test_bad_attention_fails_with_one_line(tmp_path):
     cfg = compose_cfg(["debug=smoke", "train.attention=flash"], tmp_path)
     with pytest.raises(ConfigError, match="train.attention='flash' is not valid"):
+        validate(cfg)
+
+
+def test_bad_decoding_layout_fails_with_one_line(tmp_path):
+    cfg = compose_cfg(["debug=smoke", "train.attention_decode=rows"], tmp_path)
+    with pytest.raises(ConfigError, match="train.attention_decode='rows' is not valid; choose one of: cache_axis, "
+                                          "last_axis"):
         validate(cfg)

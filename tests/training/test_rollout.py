@@ -99,6 +99,25 @@ def test_fp32_copy_draws_the_tokens_generate_draws(tiny, sampling):
     assert model.config._attn_implementation != attention.GROUPED  # only the copy uses the grouped attention
 
 
+@pytest.mark.parametrize("compile", [False, "auto"], ids=["eager", "compiled"])
+def test_the_last_axis_decoding_layout_samples_what_the_default_samples(tiny, compile):
+    """train.attention_decode=last_axis reaches the rollout copy, and an fp32 copy with it draws the same tokens
+    with the same log-probs (to rounding) as with the default layout, eager and compiled."""
+    model, tokenizer, prompts = tiny
+    rows = [p for p in prompts for _ in range(4)]
+    eos = list(range(0, len(tokenizer), 10))
+    runs = {}
+    for decode in attention.DECODE_LAYOUTS:
+        engine = engine_for(model, tokenizer, eos, compile=compile, attention_decode=decode)
+        assert engine.model.config._attn_implementation == {"cache_axis": attention.GROUPED,
+                                                            "last_axis": attention.GROUPED_LAST_AXIS}[decode]
+        runs[decode] = engine.generate(rows, torch.Generator().manual_seed(5))
+    (ours, our_logps), (base, base_logps) = runs["last_axis"], runs["cache_axis"]
+    assert ours == base and len({len(c) for c in ours}) > 1
+    torch.testing.assert_close(torch.tensor(sum(our_logps, [])), torch.tensor(sum(base_logps, [])),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_sampler_log_probs_are_the_models_tempered_log_probs(tiny):
     """The log-prob of every drawn token is log softmax(logits / T) of the model at that position."""
     model, tokenizer, prompts = tiny
