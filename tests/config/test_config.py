@@ -156,6 +156,15 @@ def test_the_default_samples_with_the_engine_and_rollout_trl_gives_the_earlier_p
     assert {k for k in default if default[k] != earlier[k]} == {"rollout", "attention"}
 
 
+def test_decode_last_axis_changes_only_the_decoding_layout(tmp_path):
+    # README, Performance, "Decoding attention along the last axis": opt-in, compared over seeds as an ablation
+    default = compose_cfg(["stage=basic"], tmp_path).train
+    assert default.attention_decode == "cache_axis"
+    other = compose_cfg(["stage=basic", "ablation=decode_last_axis"], tmp_path).train
+    assert {k for k in default if default[k] != other[k]} == {"attention_decode"}
+    assert other.attention_decode == "last_axis"
+
+
 def test_basic_stage_has_a_kl_penalty_and_beta_0_turns_it_off(tmp_path):
     # README, "How the default was chosen": the basic stage's own setting, chosen over seeds; the later
     # stages were measured without it and keep TRL's beta 0 (conf/train/default.yaml)
