@@ -63,7 +63,7 @@ def grouped_attention_last_axis(module, query, key, value, attention_mask, scali
 
     Why: with one query position grouped_attention's scores are [b, kv, L, g] with g (3 for the default model)
     innermost, and inductor's CPU code for a softmax along L then opens one parallel region per row and
-    key/value head, about a quarter of the rollout engine's compiled decoding step at 16 rows. The maths is the
+    key/value head, about a sixth of the rollout engine's compiled decoding step at 16 rows. The maths is the
     same, the rounding is not (another GEMM layout and summation order in bf16), so it is opt-in: README,
     Performance, "Decoding attention along the last axis"."""
     b, h, q, d = query.shape
