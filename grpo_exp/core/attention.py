@@ -27,8 +27,6 @@ GROUPED = "grpo_grouped"
 GROUPED_LAST_AXIS = "grpo_grouped_last_axis"
 # train.attention's choices: sdpa and eager are transformers' own; auto resolves by machine (resolve)
 CHOICES = ("auto", "sdpa", "grouped", "eager")
-# train.attention_decode: how grouped attention lays out a decoding step's scores (grouped_attention_last_axis)
-DECODE_LAYOUTS = ("cache_axis", "last_axis")
 
 
 def resolve(choice: str) -> str:
@@ -78,6 +76,13 @@ def grouped_attention_last_axis(module, query, key, value, attention_mask, scali
     return torch.matmul(probs, value).view(b, q, h, d), None  # [b, kv, g, d] is [b, h, d] in head order
 
 
+# train.attention_decode -> the grouped attention registered for it: (its name in transformers, its function)
+_GROUPED_BY_LAYOUT = {"cache_axis": (GROUPED, grouped_attention),
+                      "last_axis": (GROUPED_LAST_AXIS, grouped_attention_last_axis)}
+# train.attention_decode's choices: how grouped attention lays out a decoding step's scores
+DECODE_LAYOUTS = tuple(_GROUPED_BY_LAYOUT)
+
+
 def use(model: torch.nn.Module, choice: str, decode: str = "cache_axis") -> str | None:
     """Set `model`'s attention to `choice` (see CHOICES), grouped attention's decoding steps laid out as
     `decode` says (DECODE_LAYOUTS); returns the implementation now in use, or None where this transformers
@@ -87,13 +92,13 @@ def use(model: torch.nn.Module, choice: str, decode: str = "cache_axis") -> str 
     if decode not in DECODE_LAYOUTS:
         raise ValueError(f"unknown decoding layout {decode!r}; choose one of {', '.join(DECODE_LAYOUTS)}")
     choice = resolve(choice)
-    name = ({"cache_axis": GROUPED, "last_axis": GROUPED_LAST_AXIS}[decode] if choice == "grouped" else choice)
+    name, function = _GROUPED_BY_LAYOUT[decode] if choice == "grouped" else (choice, None)
     try:
-        if name in (GROUPED, GROUPED_LAST_AXIS):
+        if function is not None:
             from transformers import AttentionInterface
             from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-            AttentionInterface.register(name, grouped_attention if name == GROUPED else grouped_attention_last_axis)
+            AttentionInterface.register(name, function)
             AttentionMaskInterface.register(name, eager_mask)  # additive 0 / -inf masks, never skipped
         model.set_attn_implementation(name)
     except Exception as err:  # another transformers release or model class: keep the model's own attention
