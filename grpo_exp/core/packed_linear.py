@@ -15,6 +15,7 @@ the op reads: the compiled decoding step stays valid when the weights are packed
 
 from __future__ import annotations
 
+import copy
 import itertools
 import weakref
 
@@ -75,6 +76,19 @@ class PackedLinear(torch.nn.Linear):
         self.slot = next(_SLOTS)
         weakref.finalize(self, _PACKED.pop, self.slot, None)
         self.pack()
+
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
+        """A copy with a slot of its own: sharing the original's would let either one's `pack` overwrite the
+        other's weight, and the original's end would empty the copy's slot. Packed again if the original was."""
+        clone = PackedLinear.__new__(PackedLinear)
+        memo[id(self)] = clone
+        state = {key: value for key, value in self.__dict__.items() if key != "slot"}
+        clone.__dict__.update(copy.deepcopy(state, memo))
+        clone.slot = next(_SLOTS)
+        weakref.finalize(clone, _PACKED.pop, clone.slot, None)
+        if self.packed:
+            clone.pack()
+        return clone
 
     @torch.no_grad()
     def pack(self) -> None:

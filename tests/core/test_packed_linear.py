@@ -83,3 +83,34 @@ def test_a_layer_with_a_forward_of_its_own_is_left_as_it_is():
     swapped = packed_linear.pack_linears(model)
     assert swapped == [model[0]] and model[1] is own and type(own) is torch.nn.Linear
     assert model(torch.randn(2, 8).bfloat16()).dtype == torch.float32
+
+
+def test_a_deep_copy_packs_into_a_slot_of_its_own():
+    """copy.deepcopy of a packed layer (or a model holding one) must not share the original's packed weight: the
+    copy's weight is its own tensor, packing one must not change the other's products, and the original's end must
+    not empty the copy's slot."""
+    import copy
+    import gc
+
+    if WHY is not None:
+        return  # nothing can be packed on this CPU (the first test checks that it says so)
+    torch.manual_seed(0)
+    original = packed_linear.PackedLinear(torch.nn.Linear(32, 48).bfloat16())
+    clone = copy.deepcopy(torch.nn.Sequential(original))[0]
+    assert isinstance(clone, packed_linear.PackedLinear) and clone.packed
+    assert clone.slot != original.slot and clone.weight.data_ptr() != original.weight.data_ptr()
+    x = torch.randn(4, 32).bfloat16()
+    with torch.no_grad():
+        expected = torch.nn.functional.linear(x, clone.weight, clone.bias)
+        assert torch.equal(clone(x), expected)
+        original.weight.mul_(2.0)
+        original.pack()
+        assert torch.equal(clone(x), expected)  # the original's new weight is not the copy's
+        assert not torch.equal(original(x), expected)
+    unpacked = packed_linear.PackedLinear(torch.nn.Linear(8, 8).bfloat16())
+    unpacked.unpack()
+    assert not copy.deepcopy(unpacked).packed  # packed again only if the original was
+    del original
+    gc.collect()
+    with torch.no_grad():
+        assert torch.equal(clone(x), expected)  # still packed after the original is gone
