@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Where decoding time goes: generate as GRPO samples, top torch ops, LM-head bandwidth")
     p.add_argument("--path", default="generate", choices=["generate", "engine"],
                    help="what decodes: transformers' generate (TRL's path; the default) or grpo-exp's rollout "
@@ -30,11 +30,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="timed rounds after the warm-up; the median is reported "
                                                           "(default 1)")
     p.add_argument("--out", default=None, help="output directory")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if min(args.batch, args.tokens, args.threads, args.top, args.repeats) < 1:
         p.error("--batch, --tokens, --threads, --top and --repeats must be >= 1")
     return args
-
 
 
 def main(argv=None) -> int:

@@ -169,3 +169,17 @@ def test_monitor_counts_tokens_of_generation_rounds(tmp_path):
     summary = monitor.summary([])
     assert summary["completion_tokens_total"] == 2 * 32 * 10.0
     assert summary["completion_tokens_per_s"] == 2 * 32 * 10.0 / 8
+
+
+def test_the_profile_apps_choices_are_the_trainings_own():
+    """grpo-profile lists its choices as literals (argparse runs before torch loads); they must stay the ones a
+    training run accepts, so that a profile can be taken of every setting a run can have."""
+    from grpo_exp.apps.profile import build_parser
+    from grpo_exp.base.cpu import PRECISIONS
+    from grpo_exp.config.schema import TrainConfig
+    from grpo_exp.core import attention
+
+    choices = {action.dest: tuple(action.choices) for action in build_parser()._actions if action.choices}
+    assert choices["attention_decode"] == TrainConfig.ATTENTION_DECODES == attention.DECODE_LAYOUTS
+    assert set(choices["precision"]) == set(PRECISIONS)
+    assert choices["prepack"] == ("auto", "true", "false")
