@@ -189,8 +189,11 @@ class GrpoExpTrainer(GRPOTrainer):
             # the policy has not moved since it sampled this batch: its training forward's log-probs are the old ones
             self._weigh(inputs, scored[0].detach())
         batch, self._mismatch_batch = self._mismatch_batch, None
-        if batch is not None and scored[0].shape == batch[0].shape:
-            stats = rollout.mismatch_metrics(scored[0].detach(), *batch, "token_mask", None)
+        if batch is not None:  # on every process alike: _mismatch gathers
+            sampler, mask = batch
+            if scored[0].shape != sampler.shape:  # nothing comparable here: this process adds no tokens
+                sampler, mask = scored[0].detach(), torch.zeros_like(scored[0], dtype=torch.long)
+            stats = self._mismatch(scored[0].detach(), sampler, mask, "token_mask", None, None)
             for key in ("rollout/kl", "rollout/logp_diff_abs"):  # nothing is capped: no clipped share
                 self._metrics["train"][key].append(stats[key])
         return scored
@@ -258,15 +261,22 @@ class GrpoExpTrainer(GRPOTrainer):
         # (with the sampler's log-probs as the old ones the mismatch is 0 by construction: not logged)
         if (self.rollout_engine is not None and not self.rollout_engine.keep_logps and not deferred
                 and "old_per_token_logps" in output):
-            mask = output["completion_mask"]
-            stats = rollout.mismatch_metrics(output["old_per_token_logps"], output["sampling_per_token_logps"], mask,
-                                             self.args.vllm_importance_sampling_mode,
-                                             self.args.vllm_importance_sampling_clip_max,
-                                             self.args.vllm_importance_sampling_clip_min)
+            stats = self._mismatch(output["old_per_token_logps"], output["sampling_per_token_logps"],
+                                   output["completion_mask"], self.args.vllm_importance_sampling_mode,
+                                   self.args.vllm_importance_sampling_clip_max,
+                                   self.args.vllm_importance_sampling_clip_min)
             mode = "train" if self.model.training else "eval"
-            for key, value in stats.items():
-                self._metrics[mode][key].append(value)
+            for key in ("rollout/kl", "rollout/clipped_frac", "rollout/logp_diff_abs"):
+                self._metrics[mode][key].append(stats[key])
         return output
+
+    def _mismatch(self, old_logps, sampling_logps, mask, mode: str, cap, floor) -> dict[str, float]:
+        """The sampler's mismatch over every process's batch (rollout.mismatch_from_totals): each process's totals
+        are gathered, so a data-parallel run logs all of its tokens, not the main process's alone. Every process
+        reaches this at the same point of a step (a collective)."""
+        totals = rollout.mismatch_totals(old_logps, sampling_logps, mask, mode, cap, floor)
+        totals = self.accelerator.gather(totals.to(self.accelerator.device)[None]).cpu()
+        return rollout.mismatch_from_totals(totals)
 
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
@@ -316,18 +326,9 @@ class GrpoExpTrainer(GRPOTrainer):
         floor, cap = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
         weights, _ = rollout.is_weights(old_logps, sampling, mask, mode, cap, floor)
         batch["old_per_token_logps"], batch["importance_sampling_ratio"] = old_logps, weights
-        metrics = self._metrics["train"]
-        stats = rollout.mismatch_metrics(old_logps, sampling, mask, mode, cap, floor)
-        for key, value in stats.items():
-            metrics[key].append(value)
-        valid = mask.bool() & ~torch.isnan(sampling)
-        delta = (old_logps - sampling).abs()[valid]
-        ratios = weights.flatten() if mode.startswith("sequence") else weights[valid]
-        if delta.numel() and ratios.numel():  # TRL's own names for the same figures
-            metrics["sampling/sampling_logp_difference/mean"].append(stats["rollout/logp_diff_abs"])
-            metrics["sampling/sampling_logp_difference/max"].append(float(delta.max()))
-            for stat in ("min", "mean", "max"):
-                metrics[f"sampling/importance_sampling_ratio/{stat}"].append(float(getattr(ratios, stat)()))
+        # with TRL's own names (sampling/*) for the same figures, where any process had a valid token
+        for key, value in self._mismatch(old_logps, sampling, mask, mode, cap, floor).items():
+            self._metrics["train"][key].append(value)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         engine = self.rollout_engine

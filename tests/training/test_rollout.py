@@ -440,6 +440,50 @@ def test_mismatch_metrics_by_hand():
     assert stats["rollout/kl"] == pytest.approx(sum(math.exp(x) - 1 - x for x in logr) / 5, rel=1e-6)
     assert stats["rollout/clipped_frac"] == pytest.approx(1 / 5)  # only exp(2.0) > 3
     assert stats["rollout/logp_diff_abs"] == pytest.approx(sum(abs(x) for x in logr) / 5, rel=1e-6)
+    # TRL's names: the largest difference, and the truncated weights min(exp(log r), 3) of the valid tokens
+    weights = [min(math.exp(x), 3.0) for x in logr]
+    assert stats["sampling/sampling_logp_difference/max"] == pytest.approx(2.0)
+    assert stats["sampling/sampling_logp_difference/mean"] == stats["rollout/logp_diff_abs"]
+    assert stats["sampling/importance_sampling_ratio/min"] == pytest.approx(min(weights), rel=1e-6)
+    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(sum(weights) / 5, rel=1e-6)
+    assert stats["sampling/importance_sampling_ratio/max"] == pytest.approx(3.0)
+
+
+
+def test_mismatch_totals_of_two_processes_combine_into_the_figures_of_both_batches():
+    """A data-parallel run logs the mismatch over every process's tokens: the totals of two batches (of different
+    widths, as two processes' completions are) combine into what one batch holding both rows gives, TRL's
+    sampling/* figures included; a process without a valid token adds nothing."""
+    torch.manual_seed(0)
+    first_old, first_samp = torch.randn(3, 5) - 2, torch.randn(3, 5) - 2
+    second_old, second_samp = torch.randn(2, 3) - 2, torch.randn(2, 3) - 2
+    first_mask, second_mask = (torch.rand(3, 5) > 0.3).long(), (torch.rand(2, 3) > 0.3).long()
+    first_samp[0, 1] = float("nan")  # a token the sampler could not score is left out, as TRL leaves it out
+    pad = torch.zeros(2, 2)
+    both = [torch.cat([first_old, torch.cat([second_old, pad], 1)]),
+            torch.cat([first_samp, torch.cat([second_samp, pad], 1)]),
+            torch.cat([first_mask, torch.cat([second_mask, pad.long()], 1)])]
+    empty = [torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1, 4, dtype=torch.long)]
+    batches = [(first_old, first_samp, first_mask), (second_old, second_samp, second_mask), empty]
+    for mode, cap in [("token_truncate", 1.5), ("sequence_mask", 2.0)]:
+        rows = [rollout.mismatch_totals(*batch, mode, cap) for batch in batches]
+        combined = rollout.mismatch_from_totals(torch.stack(rows))
+        expected = rollout.mismatch_metrics(*both, mode, cap)
+        # the weights TRL reports: each valid token's in token modes, each row's in sequence modes (the row of the
+        # process without a valid token too)
+        weights = []
+        for old, samp, mask in batches:
+            w = rollout.is_weights(old, samp, mask, mode, cap)[0]
+            weights.append(w.flatten() if mode.startswith("sequence") else w[mask.bool() & ~torch.isnan(samp)])
+        weights = torch.cat(weights)
+        expected.update({"sampling/importance_sampling_ratio/min": float(weights.min()),
+                         "sampling/importance_sampling_ratio/mean": float(weights.mean()),
+                         "sampling/importance_sampling_ratio/max": float(weights.max())})
+        assert set(combined) == set(expected) and len(combined) == 8, mode
+        for key, value in expected.items():
+            assert combined[key] == pytest.approx(value, rel=1e-5), (mode, key)
+        assert rollout.mismatch_from_totals(rows[2][None]) == {"rollout/kl": 0.0, "rollout/clipped_frac": 0.0,
+                                                               "rollout/logp_diff_abs": 0.0}
 
 
 # ----------------------------------------------------------------------------------------------- GRPO steps
