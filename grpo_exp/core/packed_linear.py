@@ -73,9 +73,13 @@ class PackedLinear(torch.nn.Linear):
         self.weight = linear.weight
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._take_slot()
+        self.pack()
+
+    def _take_slot(self) -> None:
+        """A slot of the table for this layer alone, emptied when the layer is gone."""
         self.slot = next(_SLOTS)
         weakref.finalize(self, _PACKED.pop, self.slot, None)
-        self.pack()
 
     def __deepcopy__(self, memo: dict) -> PackedLinear:
         """A copy with a slot of its own: sharing the original's would let either one's `pack` overwrite the
@@ -84,8 +88,7 @@ class PackedLinear(torch.nn.Linear):
         memo[id(self)] = clone
         state = {key: value for key, value in self.__dict__.items() if key != "slot"}
         clone.__dict__.update(copy.deepcopy(state, memo))
-        clone.slot = next(_SLOTS)
-        weakref.finalize(clone, _PACKED.pop, clone.slot, None)
+        clone._take_slot()
         if self.packed:
             clone.pack()
         return clone
