@@ -29,8 +29,9 @@ the same distribution with one uniform number per row (tests/training/test_rollo
 
 Where the copy computes differently from the trained policy (a bf16 copy of a policy trained in fp32 or under
 autocast), the samples come from a slightly different policy. `enable_is_correction` turns on TRL's own truncated
-importance-sampling correction (the one it applies to vLLM rollouts) on the sampler's log-probs, and
-`mismatch_metrics` logs the mismatch (mean KL, share of clipped tokens). Where it computes the same (the autocast
+importance-sampling correction (the one it applies to vLLM rollouts) on the sampler's log-probs, and the mismatch
+is logged (mean KL, share of clipped tokens): `mismatch_totals` on each process, gathered, `mismatch_from_totals`
+over all of them. Where it computes the same (the autocast
 copy of a policy trained under bf16 autocast; an fp32 copy of one trained in fp32), the sampler's log-probs are
 the policy's own up to kernel rounding, so they serve as PPO's old log-probs and TRL's extra scoring forward over
 the round is skipped (`old_logps_source`); the trainer then measures the mismatch on the training forward itself.

@@ -160,6 +160,7 @@ def test_the_samplers_mismatch_is_logged_from_both_processes(two):
     logged = [r["rollout/kl"] for r in read_jsonl(run_dir / "history.jsonl") if "rollout/kl" in r]
     assert logged and all(0.0 <= kl < 1e-5 for kl in logged), logged
 
+
 def test_the_fisher_of_two_processes_is_the_one_process_estimate(two_trl, one, tmp_path):
     """Each rank sampled and differentiated its share of the Fisher's batches; the all-reduced estimate is
     the one a single process computes on the same model (rank 0's model/), and the one-process run's."""

@@ -449,7 +449,6 @@ def test_mismatch_metrics_by_hand():
     assert stats["sampling/importance_sampling_ratio/max"] == pytest.approx(3.0)
 
 
-
 def test_mismatch_totals_of_two_processes_combine_into_the_figures_of_both_batches():
     """A data-parallel run logs the mismatch over every process's tokens: the totals of two batches (of different
     widths, as two processes' completions are) combine into what one batch holding both rows gives, TRL's
