@@ -267,7 +267,9 @@ class RolloutEngine:
         if compile is False:
             why = "train.rollout_compile=false"
         if why is None:
-            self._step = torch.compile(self._eager_step, dynamic=False)
+            # with packed weights, products that share an input are one product (packed_linear.compile_fused)
+            backend = packed_linear.compile_fused if self.packed else "inductor"
+            self._step = torch.compile(self._eager_step, dynamic=False, backend=backend)
             self.compiled = True
             logger.warning("rollout engine: %s copy of the policy%s, decoding step compiled with torch.compile "
                            "(inductor); the first round includes compilation", self.label, self._packed_note)

@@ -4,6 +4,8 @@ the module says why it cannot pack, and oneDNN refuses the layout."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -89,7 +91,6 @@ def test_a_deep_copy_packs_into_a_slot_of_its_own():
     """copy.deepcopy of a packed layer (or a model holding one) must not share the original's packed weight: the
     copy's weight is its own tensor, packing one must not change the other's products, and the original's end must
     not empty the copy's slot."""
-    import copy
     import gc
 
     if WHY is not None:
@@ -114,3 +115,76 @@ def test_a_deep_copy_packs_into_a_slot_of_its_own():
     gc.collect()
     with torch.no_grad():
         assert torch.equal(clone(x), expected)  # still packed after the original is gone
+
+
+class _SharedInputs(torch.nn.Module):
+    """q, k, v read one input (as an attention layer's do), o reads another; `bias` gives q, k and v biases."""
+
+    def __init__(self, bias: bool):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(96, n, bias=bias) for n in (96, 32, 32))
+        self.o = torch.nn.Linear(96, 96, bias=False)
+
+    def forward(self, x):
+        return self.o(torch.nn.functional.silu(self.q(x)) * 2) + self.k(x).sum(-1, keepdim=True) - self.v(x)[..., :1]
+
+
+def _compiled_with_fusion(model) -> tuple[object, list[int]]:
+    """model compiled through compile_fused's rewrite; also the number of groups each compilation made."""
+    from torch._inductor.compile_fx import compile_fx
+
+    groups = []
+
+    def backend(gm, example_inputs):
+        groups.append(packed_linear.fuse_shared_inputs(gm))
+        return compile_fx(gm, example_inputs)
+
+    return torch.compile(model, backend=backend, dynamic=False), groups
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_products_that_share_an_input_are_one_product_with_the_same_outputs(bias):
+    """compile_fused: q, k and v become one product of their concatenated weights, and the compiled module gives
+    what the plain module compiled by inductor gives, bit for bit; after the weights changed and were packed
+    again, the group's weight is made again from them; a layer of the group that holds no packed weight is an
+    error, not a stale product."""
+    if WHY is not None:
+        return  # nothing can be packed on this CPU (the first test checks that it says so)
+    torch.manual_seed(0)
+    plain = _SharedInputs(bias).bfloat16()
+    model = copy.deepcopy(plain)
+    layers = packed_linear.pack_linears(model)
+    compiled, groups = _compiled_with_fusion(model)
+    reference = torch.compile(plain, dynamic=False)
+    x = torch.randn(16, 1, 96).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(compiled(x), reference(x))
+        assert groups == [1]  # q, k, v; o reads another input
+        for module in (plain, model):
+            for layer in (module.q, module.k, module.v, module.o):
+                layer.weight.mul_(-0.5)
+        for layer in layers:
+            layer.pack()
+        assert torch.equal(compiled(x), reference(x))
+        model.k.unpack()
+        with pytest.raises(RuntimeError, match="holds no weight"):
+            compiled(x)
+    assert groups == [1]  # the same compiled graph throughout
+
+
+def test_products_whose_bias_the_graph_casts_are_left_apart():
+    """The autocast copy keeps fp32 biases, cast inside the compiled graph: those products are not fused (the fused
+    one would come before the casts), and the outputs are still autocast's."""
+    if WHY is not None:
+        return
+    torch.manual_seed(0)
+    plain = _SharedInputs(bias=True)
+    for layer in (plain.q, plain.k, plain.v, plain.o):
+        layer.weight = torch.nn.Parameter(layer.weight.detach().bfloat16())
+    model = copy.deepcopy(plain)
+    packed_linear.pack_linears(model)
+    compiled, groups = _compiled_with_fusion(model)
+    x = torch.randn(16, 1, 96).bfloat16()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(compiled(x), torch.compile(plain, dynamic=False)(x))
+    assert groups == [0]

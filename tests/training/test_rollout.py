@@ -294,9 +294,10 @@ def test_refresh_copies_in_place_into_the_bf16_copy(tiny):
 
 
 def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
-    """train.rollout_prepack: the bf16 copy with its Linear weights packed for oneDNN (the decoding step compiled)
-    draws the plain copy's tokens with the same log-probs, and again after the policy moved, a release and a
-    refill. Where the CPU has no native bf16, auto leaves the weights plain and true is refused."""
+    """train.rollout_prepack: the bf16 copy with its Linear weights packed for oneDNN (the decoding step compiled,
+    products that share an input fused) draws the plain copy's tokens with the same log-probs, and again after the
+    policy moved, a release and a refill. Where the CPU has no native bf16, auto leaves the weights plain and true
+    is refused."""
     model, tokenizer, prompts = tiny
     rows = [p for p in prompts for _ in range(2)]
     eos = [tokenizer.eos_token_id]
@@ -315,8 +316,11 @@ def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
         torch.manual_seed(seed)
         return engine.generate(rows)
 
+    groups = len(packed_linear._GROUPS)
     before = draw(packed, 3)
     assert before == draw(plain, 3) and packed.compiled
+    # each layer's q/k/v and gate/up products were one product each (packed_linear.compile_fused)
+    assert len(packed_linear._GROUPS) - groups == 2 * model.config.num_hidden_layers
     with policy_moved(model, lambda p: p.mul_(1.5)):
         for engine in (plain, packed):
             engine.release()
