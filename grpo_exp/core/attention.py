@@ -5,7 +5,8 @@ shares it (`repeat_kv`), and CPU flash attention's backward is slow at GRPO's sh
 query heads that share a key/value head instead, with two matmuls and an fp32 softmax (as transformers' eager
 attention), trained the default model's 8 x 120-token scoring pass (forward and backward, bf16 autocast, 2
 threads) in 1.43 s against 1.78 s for sdpa and 1.47 s for eager, and 3.88 s against 4.26 / 4.36 s at 256
-tokens (README, Performance). The same function serves the rollout engine's static-cache decoding.
+tokens (README, Performance). The same function serves the rollout engine's static-cache decoding; inside its
+compiled step, the softmax is core/decode_softmax.py's C++ kernel, which computes inductor's numbers in one pass.
 
 `train.attention=auto` (the default since 2026-11-27, later) takes it on a CPU and transformers' sdpa on CUDA,
 where fused attention kernels are the fast path. A run's result is sensitive to such rounding changes: without
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from grpo_exp.base import log
+from grpo_exp.core import decode_softmax
 
 logger = log.get_logger(__name__)
 
@@ -48,11 +50,25 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     # query head j*g + i uses key/value head j (repeat_kv's order): group them along the query axis
     grouped = query.reshape(b, kv, g * q, d)
     scores = torch.matmul(key, grouped.transpose(2, 3)).view(b, kv, -1, g, q)  # [b, kv, L, g, q]
+    chunks = _decode_kernel_chunks(scores, attention_mask, q)
+    if chunks is not None:  # a compiled decoding step: inductor's softmax, computed by one C++ kernel
+        probs = torch.ops.grpo_exp.decode_softmax(scores.view(b, kv, -1, g), attention_mask, scaling, chunks)
+        out = torch.matmul(probs.transpose(2, 3), value)
+        return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
     if attention_mask is not None:  # [b, 1, q, L], additive, the same for every head
         scores = scores + attention_mask.transpose(2, 3)[:, :, :, None, :]
     probs = torch.softmax(scores * scaling, dim=2, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(probs.view(b, kv, -1, g * q).transpose(2, 3), value)  # [b, kv, g*q, d]
     return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+def _decode_kernel_chunks(scores: torch.Tensor, attention_mask, q: int) -> int | None:
+    """How decode_softmax's kernel splits each sum, where a compiled decoding step's softmax can go through it
+    (core/decode_softmax.py); None where inductor's own kernel is kept."""
+    if q != 1 or not decode_softmax.enabled or not decode_softmax.usable(scores.dtype, attention_mask, scores.device):
+        return None
+    b, kv, length, g, _ = scores.shape
+    return decode_softmax.sum_chunks(b * kv, g, length)
 
 
 def grouped_attention_last_axis(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):

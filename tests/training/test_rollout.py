@@ -13,7 +13,7 @@ import torch
 
 from grpo_exp.config.checks import validate
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.core import attention, models, packed_linear
+from grpo_exp.core import attention, decode_softmax, models, packed_linear
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
@@ -213,6 +213,29 @@ def test_compiled_and_eager_decoding_agree(tiny):
     c, _ = compiled.generate(rows)
     assert compiled.compiled and c == a
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames, "release/refill recompiled the step"
+
+
+@pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
+def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, monkeypatch):
+    """A compiled decoding step whose grouped-attention softmax runs core/decode_softmax.py's kernel draws the same
+    tokens, with the same log-probs bit for bit, as the step compiled with inductor's own softmax."""
+    model, tokenizer, prompts = tiny
+    rows = [p for p in prompts for _ in range(4)]
+    eos = [tokenizer.eos_token_id]
+    kernel = decode_softmax.decode_softmax
+    calls = []
+    monkeypatch.setattr(decode_softmax, "decode_softmax", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    draws = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(decode_softmax, "enabled", enabled)
+        torch._dynamo.reset()
+        engine = engine_for(model, tokenizer, eos, compile=True, temperature=1.0)
+        torch.manual_seed(7)
+        draws[enabled] = engine.generate(rows)
+        assert engine.compiled, "the compiled step failed and fell back to eager"
+        assert bool(calls) == enabled  # one call per layer and decoding step, with the kernel alone
+        calls.clear()
+    assert draws[True] == draws[False]
 
 
 def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypatch, caplog):
