@@ -28,11 +28,16 @@ import weakref
 
 import torch
 
-_PACKED: dict[int, torch.Tensor] = {}  # slot -> the oneDNN-reordered weight of one PackedLinear (or of a group)
+# slot -> the oneDNN-reordered weight of one PackedLinear (or of a group), or _PENDING: reordered from the layer's
+# current weight at its first use. Lazily, because a layer whose products the compiled step makes as a group's is
+# never used alone there, and its own packed copy would only take memory.
+_PACKED: dict[int, object] = {}
+_PENDING = object()
 _SLOTS = itertools.count()
 _LAYERS: dict[int, weakref.ref] = {}  # slot -> its PackedLinear, whose weight a group concatenates
 _GROUPS: dict[int, tuple[int, ...]] = {}  # a group's slot -> its layers' slots, in output order
 _GROUP_OF: dict[tuple[int, ...], int] = {}  # the inverse of _GROUPS
+_MEMBERS: set[int] = set()  # the slots of layers in some group
 
 
 # Registered through the low-level Library API rather than `torch.library.custom_op`: the latter's Python autograd
@@ -44,8 +49,10 @@ _LIB.define("packed_linear(Tensor x, int slot, int out_features, Tensor? bias) -
 def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ W.T + bias with the weight packed in slot `slot` (a group's: its layers' weights, packed at first use)."""
     weight = _PACKED.get(slot)
-    if weight is None and slot in _GROUPS:
-        weight = _pack_group(slot)
+    if weight is None and slot in _GROUPS and all(member in _PACKED for member in _GROUPS[slot]):
+        weight = _PENDING  # every layer of the group holds a weight to pack
+    if weight is _PENDING:
+        weight = _reorder(slot)
     if weight is None:
         raise RuntimeError(f"packed linear slot {slot} holds no weight (released and not packed again)")
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -78,7 +85,8 @@ def unsupported_reason(dtype: torch.dtype, device: torch.device) -> str | None:
 class PackedLinear(torch.nn.Linear):
     """A Linear computing with a packed copy of its weight. It holds the Linear's own `weight` and `bias`
     parameters under the same names (ties and in-place refreshes keep working; code that looks for Linear layers
-    still finds it); `pack` lays the weight out again after it changed, `unpack` frees the packed copy."""
+    still finds it); `pack` takes the weight again after it changed (laid out at the next use), `unpack` frees the
+    packed copy."""
 
     def __init__(self, linear: torch.nn.Linear):
         torch.nn.Module.__init__(self)  # not Linear's: it would allocate a weight of its own
@@ -106,10 +114,11 @@ class PackedLinear(torch.nn.Linear):
             clone.pack()
         return clone
 
-    @torch.no_grad()
     def pack(self) -> None:
-        _drop_groups_of(self.slot)  # packed again from the new weight at their next use
-        _PACKED[self.slot] = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+        """Take the weight as it is now: it is reordered at the layer's first use (and a group's that holds it at the
+        group's first use)."""
+        _drop_groups_of(self.slot)
+        _PACKED[self.slot] = _PENDING
 
     def unpack(self) -> None:
         _drop_groups_of(self.slot)
@@ -125,6 +134,11 @@ class PackedLinear(torch.nn.Linear):
             x = x.to(self.weight.dtype)
         if bias is not None and bias.dtype != self.weight.dtype:  # the autocast copy keeps fp32 biases
             bias = bias.to(self.weight.dtype)
+        if (not torch.compiler.is_compiling() and self.slot in _MEMBERS
+                and _PACKED.get(self.slot) is _PENDING):
+            # a layer whose compiled products are its group's, called eager (the prefill, once a round): the same
+            # product from the plain weight (oneDNN lays it out for this call), and no packed copy of its own kept
+            return torch.nn.functional.linear(x, self.weight, bias)
         return torch.ops.grpo_exp.packed_linear(x, self.slot, self.out_features, bias)
 
 
@@ -157,16 +171,16 @@ def _drop_groups_of(slot: int) -> None:
 
 
 @torch.no_grad()
-def _pack_group(group: int) -> torch.Tensor | None:
-    """The group's weights concatenated and packed, while every one of its layers holds a packed weight (the
-    layers' own weights are then current); None otherwise."""
-    layers = [_LAYERS.get(slot) for slot in _GROUPS[group]]
+def _reorder(slot: int) -> torch.Tensor | None:
+    """The packed weight of a slot marked _PENDING: its layer's weight, or a group's layers' weights concatenated;
+    None where a layer is gone."""
+    layers = [_LAYERS.get(member) for member in _GROUPS.get(slot, (slot,))]
     layers = [ref() if ref is not None else None for ref in layers]
-    if any(layer is None or not layer.packed for layer in layers):
+    if any(layer is None for layer in layers):
         return None
-    weight = torch.cat([layer.weight.detach() for layer in layers])
-    _PACKED[group] = torch.ops.mkldnn._reorder_linear_weight(weight)
-    return _PACKED[group]
+    weights = [layer.weight.detach() for layer in layers]
+    _PACKED[slot] = torch.ops.mkldnn._reorder_linear_weight(weights[0] if len(weights) == 1 else torch.cat(weights))
+    return _PACKED[slot]
 
 
 def group_slot(slots: tuple[int, ...]) -> int:
@@ -174,6 +188,7 @@ def group_slot(slots: tuple[int, ...]) -> int:
     if slots not in _GROUP_OF:
         group = next(_SLOTS)
         _GROUPS[group], _GROUP_OF[slots] = slots, group
+        _MEMBERS.update(slots)
     return _GROUP_OF[slots]
 
 
