@@ -189,6 +189,9 @@ def group_slot(slots: tuple[int, ...]) -> int:
         group = next(_SLOTS)
         _GROUPS[group], _GROUP_OF[slots] = slots, group
         _MEMBERS.update(slots)
+        for slot in slots:  # the group's product replaces theirs: their own packed copies go (laid out again if used)
+            if slot in _PACKED:
+                _PACKED[slot] = _PENDING
     return _GROUP_OF[slots]
 
 
