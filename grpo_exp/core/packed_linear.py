@@ -29,8 +29,8 @@ import weakref
 import torch
 
 # slot -> the oneDNN-reordered weight of one PackedLinear (or of a group), or _PENDING: reordered from the layer's
-# current weight at its first use. Lazily, because a layer whose products the compiled step makes as a group's is
-# never used alone there, and its own packed copy would only take memory.
+# current weight at its first use. A layer whose products the compiled step makes as a group's is left pending: it
+# is not used alone there, and its own packed copy would only take memory. A group is laid out at its first use.
 _PACKED: dict[int, object] = {}
 _PENDING = object()
 _SLOTS = itertools.count()
@@ -115,10 +115,12 @@ class PackedLinear(torch.nn.Linear):
         return clone
 
     def pack(self) -> None:
-        """Take the weight as it is now: it is reordered at the layer's first use (and a group's that holds it at the
-        group's first use)."""
+        """Lay the weight out as it is now; a layer whose compiled products are its group's only marks it, for its
+        group's first use (and its own, if it is used alone)."""
         _drop_groups_of(self.slot)
         _PACKED[self.slot] = _PENDING
+        if self.slot not in _MEMBERS:
+            _reorder(self.slot)
 
     def unpack(self) -> None:
         _drop_groups_of(self.slot)
