@@ -14,7 +14,7 @@ from grpo_exp.training.rollout import compiler_missing
 pytestmark = pytest.mark.skipif(compiler_missing() is not None, reason=f"inductor cannot compile: {compiler_missing()}")
 
 
-def _scores_and_mask(b: int, kv: int, g: int, length: int, dtype: torch.dtype):
+def _scores_and_mask(b: int, kv: int, g: int, length: int, dtype: torch.dtype, mask_dtype: torch.dtype):
     """Decoding-step scores [b, kv, L, g] and transformers' additive mask [b, 1, 1, L] (padding on the left, the
     static cache's unused tail masked), as the rollout engine's compiled step sees them."""
     torch.manual_seed(0)
@@ -23,7 +23,7 @@ def _scores_and_mask(b: int, kv: int, g: int, length: int, dtype: torch.dtype):
     attended[:, :3] = False
     attended[b // 2, :9] = False
     attended[:, length - 5:] = False
-    mask = torch.where(attended, 0.0, torch.finfo(dtype).min).to(dtype)[:, None, None, :]
+    mask = torch.where(attended, 0.0, torch.finfo(mask_dtype).min).to(mask_dtype)[:, None, None, :]
     return scores, mask
 
 
@@ -39,19 +39,20 @@ def _inductors(scores, mask, scaling):
     return torch.compile(softmax, dynamic=False)(scores, mask)
 
 
-@pytest.mark.parametrize("threads,shape,dtype", [
-    (2, (16, 3, 3, 128), torch.bfloat16),  # the default model at 16 rows: each sum split between the threads
-    (2, (16, 3, 3, 128), torch.float32),  # an fp32 copy (a CPU without native bf16)
-    (1, (16, 3, 3, 128), torch.bfloat16),  # one thread: no split
-    (2, (1, 3, 3, 64), torch.float32),  # too small for inductor to split
-    (2, (4, 2, 2, 64), torch.bfloat16),  # just large enough
-    (2, (8, 5, 3, 192), torch.float32),
+@pytest.mark.parametrize("threads,shape,dtype,mask_dtype", [
+    (2, (16, 3, 3, 128), torch.bfloat16, None),  # the default model at 16 rows: each sum split between the threads
+    (2, (16, 3, 3, 128), torch.float32, None),  # an fp32 copy (a CPU without native bf16)
+    (2, (16, 3, 3, 128), torch.bfloat16, torch.float32),  # the autocast copy: bf16 scores, the fp32 model's mask
+    (1, (16, 3, 3, 128), torch.bfloat16, None),  # one thread: no split
+    (2, (1, 3, 3, 64), torch.float32, None),  # too small for inductor to split
+    (2, (4, 2, 2, 64), torch.bfloat16, None),  # just large enough
+    (2, (8, 5, 3, 192), torch.float32, None),
 ])
-def test_the_kernel_computes_inductors_softmax_bit_for_bit(threads, shape, dtype):
+def test_the_kernel_computes_inductors_softmax_bit_for_bit(threads, shape, dtype, mask_dtype):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        scores, mask = _scores_and_mask(*shape, dtype)
+        scores, mask = _scores_and_mask(*shape, dtype, mask_dtype or dtype)
         b, kv, g, length = shape
         scores = scores.view(b, kv, length, g)
         scaling = 64 ** -0.5
