@@ -65,7 +65,7 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
 def _decode_kernel_chunks(scores: torch.Tensor, attention_mask, q: int) -> int | None:
     """How decode_softmax's kernel splits each sum, where a compiled decoding step's softmax can go through it
     (core/decode_softmax.py); None where inductor's own kernel is kept."""
-    if q != 1 or not decode_softmax.enabled or not decode_softmax.usable(scores.dtype, attention_mask, scores.device):
+    if q != 1 or not decode_softmax.usable(scores.dtype, attention_mask, scores.device):
         return None
     b, kv, length, g, _ = scores.shape
     return decode_softmax.sum_chunks(b * kv, g, length)

@@ -157,5 +157,5 @@ def sum_chunks(heads: int, group: int, length: int) -> int | None:
 
 def usable(scores_dtype: torch.dtype, mask: torch.Tensor | None, device: torch.device) -> bool:
     """Whether a compiled decoding step's softmax can go through this kernel."""
-    return (device.type == "cpu" and mask is not None and scores_dtype in _C_TYPES and mask.dtype in _C_TYPES
-            and torch.compiler.is_compiling())
+    return (enabled and device.type == "cpu" and mask is not None and scores_dtype in _C_TYPES
+            and mask.dtype in _C_TYPES and torch.compiler.is_compiling())

@@ -37,7 +37,7 @@ _SLOTS = itertools.count()
 _LAYERS: dict[int, weakref.ref] = {}  # slot -> its PackedLinear, whose weight a group concatenates
 _GROUPS: dict[int, tuple[int, ...]] = {}  # a group's slot -> its layers' slots, in output order
 _GROUP_OF: dict[tuple[int, ...], int] = {}  # the inverse of _GROUPS
-_MEMBERS: set[int] = set()  # the slots of layers in some group
+_GROUPS_WITH: dict[int, list[int]] = {}  # a layer's slot -> the groups that hold it (none: not a key)
 
 
 # Registered through the low-level Library API rather than `torch.library.custom_op`: the latter's Python autograd
@@ -119,7 +119,7 @@ class PackedLinear(torch.nn.Linear):
         group's first use (and its own, if it is used alone)."""
         _drop_groups_of(self.slot)
         _PACKED[self.slot] = _PENDING
-        if self.slot not in _MEMBERS:
+        if self.slot not in _GROUPS_WITH:
             _reorder(self.slot)
 
     def unpack(self) -> None:
@@ -136,7 +136,7 @@ class PackedLinear(torch.nn.Linear):
             x = x.to(self.weight.dtype)
         if bias is not None and bias.dtype != self.weight.dtype:  # the autocast copy keeps fp32 biases
             bias = bias.to(self.weight.dtype)
-        if (not torch.compiler.is_compiling() and self.slot in _MEMBERS
+        if (not torch.compiler.is_compiling() and self.slot in _GROUPS_WITH
                 and _PACKED.get(self.slot) is _PENDING):
             # a layer whose compiled products are its group's, called eager (the prefill, once a round): the same
             # product from the plain weight (oneDNN lays it out for this call), and no packed copy of its own kept
@@ -167,9 +167,8 @@ def _release_slot(slot: int) -> None:
 
 
 def _drop_groups_of(slot: int) -> None:
-    for group, members in _GROUPS.items():
-        if slot in members:
-            _PACKED.pop(group, None)
+    for group in _GROUPS_WITH.get(slot, ()):
+        _PACKED.pop(group, None)
 
 
 @torch.no_grad()
@@ -190,8 +189,8 @@ def group_slot(slots: tuple[int, ...]) -> int:
     if slots not in _GROUP_OF:
         group = next(_SLOTS)
         _GROUPS[group], _GROUP_OF[slots] = slots, group
-        _MEMBERS.update(slots)
         for slot in slots:  # the group's product replaces theirs: their own packed copies go (laid out again if used)
+            _GROUPS_WITH.setdefault(slot, []).append(group)
             if slot in _PACKED:
                 _PACKED[slot] = _PENDING
     return _GROUP_OF[slots]
