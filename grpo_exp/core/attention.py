@@ -6,7 +6,9 @@ query heads that share a key/value head instead, with two matmuls and an fp32 so
 attention), trained the default model's 8 x 120-token scoring pass (forward and backward, bf16 autocast, 2
 threads) in 1.43 s against 1.78 s for sdpa and 1.47 s for eager, and 3.88 s against 4.26 / 4.36 s at 256
 tokens (README, Performance). The same function serves the rollout engine's static-cache decoding; inside its
-compiled step, the softmax is core/decode_softmax.py's C++ kernel, which computes inductor's numbers in one pass.
+compiled step, the softmax is core/decode_softmax.py's C++ kernel, which computes inductor's numbers in one pass,
+and in bf16 on a CPU with AVX512-BF16 the whole attention (both products and the softmax) is one kernel there,
+which computes the same numbers as the products and that softmax in turn.
 
 `train.attention=auto` (the default since 2026-11-27, later) takes it on a CPU and transformers' sdpa on CUDA,
 where fused attention kernels are the fast path. A run's result is sensitive to such rounding changes: without
@@ -49,6 +51,10 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     g = h // kv
     # query head j*g + i uses key/value head j (repeat_kv's order): group them along the query axis
     grouped = query.reshape(b, kv, g * q, d)
+    chunks = _decode_attention_chunks(query, key, value, attention_mask)
+    if chunks is not None:  # a compiled decoding step in bf16: the whole attention, one C++ kernel
+        out = torch.ops.grpo_exp.decode_attention(grouped, key, value, attention_mask, scaling, chunks)
+        return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
     scores = torch.matmul(key, grouped.transpose(2, 3)).view(b, kv, -1, g, q)  # [b, kv, L, g, q]
     chunks = _decode_kernel_chunks(scores, attention_mask, q)
     if chunks is not None:  # a compiled decoding step: inductor's softmax, computed by one C++ kernel
@@ -60,6 +66,19 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     probs = torch.softmax(scores * scaling, dim=2, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(probs.view(b, kv, -1, g * q).transpose(2, 3), value)  # [b, kv, g*q, d]
     return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+def _decode_attention_chunks(query, key, value, attention_mask) -> int | None:
+    """How decode_softmax's kernel splits each sum, where a compiled decoding step's whole attention can go through
+    decode_attention's kernel (bf16 query, key and value, one query position; core/decode_softmax.py); None
+    elsewhere."""
+    b, h, q, d = query.shape
+    if (q != 1 or not all(t.dtype == torch.bfloat16 for t in (query, key, value))
+            or not decode_softmax.attention_usable(query.dtype, d)
+            or not decode_softmax.usable(query.dtype, attention_mask, query.device)):
+        return None
+    kv = key.shape[1]
+    return decode_softmax.sum_chunks(b * kv, h // kv, key.shape[2])
 
 
 def _decode_kernel_chunks(scores: torch.Tensor, attention_mask, q: int) -> int | None:

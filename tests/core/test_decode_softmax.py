@@ -75,3 +75,70 @@ def test_a_group_as_wide_as_a_vector_keeps_inductors_kernel():
     isa = pick_vec_isa()
     width = isa.nelements(torch.float) if isa else 16
     assert decode_softmax.sum_chunks(16, width, 128) is None
+
+
+needs_avx512_bf16 = pytest.mark.skipif(not decode_softmax._AVX512_BF16,
+                                       reason="decode_attention repeats oneDNN's AVX512-BF16 products")
+
+
+def _mixed(*shape):
+    """bf16 values over a wide range of magnitudes: there the order in which a product adds its terms shows."""
+    return (torch.randn(*shape) * torch.exp2(torch.randint(-4, 5, shape).float())).bfloat16()
+
+
+@needs_avx512_bf16
+@pytest.mark.parametrize("threads,b,kv,g,length,dim,mask_dtype,tail", [
+    (2, 16, 3, 3, 128, 64, torch.bfloat16, 40),  # the default model's static cache, its unfilled tail masked
+    (2, 16, 3, 3, 127, 64, torch.bfloat16, 0),  # an odd length: the last pair of the value product is half zero
+    (1, 16, 3, 3, 128, 64, torch.bfloat16, 17),  # one thread
+    (2, 4, 2, 7, 300, 128, torch.float32, 101),  # Qwen-like heads, an fp32 mask
+    (2, 2, 1, 3, 33, 32, torch.bfloat16, 1),
+    (2, 8, 2, 4, 1024, 64, torch.bfloat16, 500),
+    # 262,144 outputs and 1.6 million scores: enough that another order of a product's terms shows somewhere
+    # (the value product's pairs taken (l + 1, l), or the scores' (d + 1, d), did here)
+    (2, 64, 4, 8, 800, 128, torch.bfloat16, 0),  # longer than VALUE_SPAN: the value product summed per span
+    (2, 32, 2, 3, 1101, 64, torch.bfloat16, 90),  # and an odd last span
+])
+def test_the_attention_kernel_computes_the_composed_attention_bit_for_bit(threads, b, kv, g, length, dim, mask_dtype,
+                                                                          tail):
+    """decode_attention equals torch.matmul, decode_softmax and torch.matmul in turn (what a compiled decoding step
+    computes without it), bit for bit, with the keys and values of the masked tail left as junk (a cache's stale
+    rows), left padding masked, and one row masked from the start of the tail only."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(1)
+        # queries 64 times smaller: the softmax spreads its weight, and the value product's order of terms shows
+        query = (_mixed(b, kv, g, dim).float() / 64).bfloat16()
+        key, value = _mixed(b, kv, length, dim), _mixed(b, kv, length, dim)
+        attended = torch.ones(b, length, dtype=torch.bool)
+        attended[:, :3] = False
+        attended[:, length - tail:] = False
+        attended[0, length - tail:] = True  # a row whose whole cache is filled
+        mask = torch.where(attended, 0.0, torch.finfo(mask_dtype).min).to(mask_dtype)[:, None, None, :]
+        scaling = dim ** -0.5
+        chunks = decode_softmax.sum_chunks(b * kv, g, length)
+        scores = torch.matmul(key, query.transpose(2, 3))
+        probs = decode_softmax.decode_softmax(scores, mask, scaling, chunks)
+        expected = torch.matmul(probs.transpose(2, 3), value)
+        kernel = decode_softmax._run_attention(query, key, value, mask, scaling, chunks, decode_softmax.VALUE_SPAN)
+        assert torch.equal(kernel, expected)
+        assert decode_softmax.agrees(mask_dtype, g, dim, length, chunks)  # so the op itself runs the kernel
+        assert torch.equal(decode_softmax.decode_attention(query, key, value, mask, scaling, chunks), expected)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_attention_kernel_is_used_for_bf16_heads_of_32_columns_alone():
+    assert not decode_softmax.attention_usable(torch.float32, 64)
+    assert not decode_softmax.attention_usable(torch.bfloat16, 16)
+    assert decode_softmax.attention_usable(torch.bfloat16, 64) == decode_softmax._AVX512_BF16
+
+
+@needs_avx512_bf16
+def test_the_probe_finds_a_kernel_that_sums_in_another_order():
+    """agrees() checks the kernel against torch's products before the op uses it: a kernel that sums the value product
+    per 256 rows (oneDNN here: per 512) agrees below 256 rows and is caught beyond."""
+    assert decode_softmax.agrees(torch.bfloat16, 3, 64, 200, 2, span=256)
+    assert decode_softmax.agrees(torch.bfloat16, 3, 64, 800, 2)
+    assert not decode_softmax.agrees(torch.bfloat16, 3, 64, 800, 2, span=256)

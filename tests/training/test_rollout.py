@@ -238,6 +238,32 @@ def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, mo
     assert draws[True] == draws[False]
 
 
+
+@pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
+@pytest.mark.skipif(not decode_softmax._AVX512_BF16, reason="decode_attention repeats oneDNN's AVX512-BF16 products")
+def test_the_decoding_attention_kernel_samples_what_the_composed_attention_samples(tmp_path, monkeypatch):
+    """A compiled bf16 decoding step whose attention is core/decode_softmax.py's one kernel (heads of 32 columns:
+    the tiny model made 128 wide) draws the same tokens with the same log-probs, bit for bit, as the step that
+    composes torch's products around the softmax kernel."""
+    cfg = compose_cfg(["debug=smoke", "model.tiny_hidden=128"], tmp_path)
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for p in PROMPTS for _ in range(4)]
+    kernel, calls = decode_softmax._run_attention, []
+    monkeypatch.setattr(decode_softmax, "_run_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    draws = {}
+    for fused in (True, False):
+        monkeypatch.setattr(decode_softmax, "_AVX512_BF16", fused)
+        torch._dynamo.reset()
+        engine = engine_for(model, tokenizer, [tokenizer.eos_token_id], dtype=torch.bfloat16, compile=True,
+                            temperature=1.0)
+        torch.manual_seed(7)
+        draws[fused] = engine.generate(rows)
+        assert engine.compiled, "the compiled step failed and fell back to eager"
+        assert bool(calls) == fused
+        calls.clear()
+    assert draws[True] == draws[False]
+
 def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypatch, caplog):
     model, tokenizer, _ = tiny
     monkeypatch.setattr(rollout, "compiler_missing", lambda: "no C++ compiler (g++ or clang++) on PATH")
