@@ -256,8 +256,10 @@ class TrainConfig:
     # it natively, else fp32 (training/rollout.py, copy_kind)
     rollout_dtype: str = "auto"
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
-    # the copy's Linear weights laid out for oneDNN once per round instead of on every product (core/packed_linear.py;
-    # the same numbers); auto/true: where the copy is bf16 and the CPU computes bf16 natively (true: an error elsewhere)
+    # the copy's Linear products without a weight reorder on every call (core/packed_linear.py; the same numbers): a
+    # decoding step's by grpo-exp's kernel from the plain weights on AVX512-BF16 (core/small_rows.py), oneDNN's from
+    # weights laid out once per round elsewhere; auto/true: where the copy is bf16 and the CPU computes bf16 natively
+    # (true: an error elsewhere)
     rollout_prepack: Any = "auto"
     # cdf: one uniform number per row (fast); multinomial: generate's draws (the same tokens under the same seed)
     rollout_sampler: str = "cdf"

@@ -33,6 +33,7 @@ import functools
 import torch
 
 from grpo_exp.base import log
+from grpo_exp.core import small_rows
 
 logger = log.get_logger(__name__)
 
@@ -47,10 +48,7 @@ _C_TYPES = {torch.bfloat16: "at::BFloat16", torch.float32: "float"}
 # oneDNN's bf16 products (torch 2.13, AVX512-BF16, measured here) add an inner axis longer than this many terms as a
 # sum per this many, each from 0, added to the sum of those before: decode_attention's value product does the same
 VALUE_SPAN = 512
-# whether this CPU multiplies bf16 with AVX512-BF16 and torch's kernels use it (not held to AVX2): where oneDNN's
-# bf16 products add in the order decode_attention's kernel repeats (a constant, so that dynamo never traces the test)
-_AVX512_BF16 = (torch.cpu._is_avx512_bf16_supported()
-                and torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2"))
+_AVX512_BF16 = small_rows.AVX512_BF16  # where oneDNN's bf16 products add in the order the kernel repeats
 
 # One (row, key/value head)'s softmax: scores s [length, G], mask m [length], probs out [length, G]; x and e
 # are scratch of length * G floats. Only the first `valid` positions are read and written: decode_attention passes
@@ -136,34 +134,7 @@ extern "C" void kernel(const SCALAR* scores, const MASK* mask, PROB* probs, cons
 # Positions after the last one the mask lets through (the static cache's unfilled tail) are skipped: there the
 # mask is the dtype's lowest value, the softmax's term is exp of about -1e37, exactly 0, and so is each product
 # term it weighs, so skipping them leaves every sum as it was.
-_ATTENTION_SOURCE = "#include <torch/csrc/inductor/cpp_prefix.h>\n#include <immintrin.h>\n" + _SOFTMAX_HEAD + r"""
-#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
-// rows [16] of 16 32-bit words each -> rows[c] holds word c of every row
-BF16_TARGET static inline void transpose16(__m512i* r)
-{
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {  // u[4i + j]: word 4k + j of rows 4i..4i+3, in 128-bit lane k
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int j = 0; j < 4; ++j) {
-        const __m512i a = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), b = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
-        const __m512i c = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
-        const __m512i d = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
-        r[j] = _mm512_shuffle_i32x4(a, c, 0x88);
-        r[8 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
-        r[4 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
-        r[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
-    }
-}
-
+_ATTENTION_SOURCE = small_rows.BF16_HEADER + _SOFTMAX_HEAD + r"""
 // the positions up to and including the last one the mask lets through (all of them where it lets none through)
 template <typename M> static inline int64_t valid_length(const M* m, const int64_t length)
 {

@@ -18,6 +18,12 @@ the output and packed into a slot of the group's own, the outputs sliced back. o
 from the same row and column whatever the width, and the outputs were equal bit for bit wherever compared
 (tests/core/test_packed_linear.py; the default model's decoding rounds, README, Performance, "Fused products").
 A decoding step of the default model makes 121 products instead of 211.
+
+On a CPU with AVX512-BF16, the op computes a product of a few rows (a decoding step's) with core/small_rows.py's
+kernel from the layers' plain weights instead, the same numbers as oneDNN's packed product (the kernel's span is
+checked against oneDNN's own product before use), and no packed copy is laid out at all: `pack` only marks the
+weights, and an eager call with many rows (the prefill) is `F.linear` on the plain weight. oneDNN's packed product
+stays where the kernel does not apply (a bias, a shape it does not match, other CPUs).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import itertools
 import weakref
 
 import torch
+
+from grpo_exp.core import small_rows
 
 # slot -> the oneDNN-reordered weight of one PackedLinear (or of a group), or _PENDING: reordered from the layer's
 # current weight at its first use. A layer whose products the compiled step makes as a group's is left pending: it
@@ -47,10 +55,21 @@ _LIB.define("packed_linear(Tensor x, int slot, int out_features, Tensor? bias) -
 
 
 def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ W.T + bias with the weight packed in slot `slot` (a group's: its layers' weights, packed at first use)."""
+    """x @ W.T + bias for the layer (or the group of layers) in slot `slot`: by core/small_rows.py's kernel from the
+    plain weights where it computes oneDNN's numbers for these rows; otherwise by oneDNN from the weight packed in
+    the slot (a group's: its layers' weights, packed at first use)."""
     weight = _PACKED.get(slot)
     if weight is None and slot in _GROUPS and all(member in _PACKED for member in _GROUPS[slot]):
         weight = _PENDING  # every layer of the group holds a weight to pack
+    if weight is _PENDING and bias is None and small_rows.AVX512_BF16:
+        weights = _weights(slot)
+        if weights is not None and small_rows.usable(x, weights):
+            rows = x.numel() // x.shape[-1]
+            span = _SPANS.get((slot, rows), _UNKNOWN)
+            if span is _UNKNOWN:
+                span = _SPANS[slot, rows] = small_rows.span_for(rows, weights, _onednn_of)
+            if span is not None:
+                return small_rows.product(x, weights, span)
     if weight is _PENDING:
         weight = _reorder(slot)
     if weight is None:
@@ -59,6 +78,22 @@ def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Ten
 
 
 _LIB.impl("packed_linear", packed_linear, "CPU")
+
+_UNKNOWN = object()
+_SPANS: dict[tuple[int, int], int | None] = {}  # (slot, rows) -> small_rows' span for them, None: oneDNN's product
+
+
+def _weights(slot: int) -> list[torch.Tensor] | None:
+    """The plain weights of a slot's layer, or of its group's layers in output order (None where one is gone)."""
+    layers = [_LAYERS.get(member) for member in _GROUPS.get(slot, (slot,))]
+    layers = [ref() if ref is not None else None for ref in layers]
+    return None if any(layer is None for layer in layers) else [layer.weight for layer in layers]
+
+
+def _onednn_of(weights: list[torch.Tensor]):
+    """oneDNN's packed product of these weights (what this op computes without the kernel), for span_for."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(weights[0] if len(weights) == 1 else torch.cat(weights))
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
 @torch.library.register_fake("grpo_exp::packed_linear")
@@ -119,7 +154,7 @@ class PackedLinear(torch.nn.Linear):
         group's first use (and its own, if it is used alone)."""
         _drop_groups_of(self.slot)
         _PACKED[self.slot] = _PENDING
-        if self.slot not in _GROUPS_WITH:
+        if self.slot not in _GROUPS_WITH and not small_rows.AVX512_BF16:
             _reorder(self.slot)
 
     def unpack(self) -> None:
@@ -136,10 +171,11 @@ class PackedLinear(torch.nn.Linear):
             x = x.to(self.weight.dtype)
         if bias is not None and bias.dtype != self.weight.dtype:  # the autocast copy keeps fp32 biases
             bias = bias.to(self.weight.dtype)
-        if (not torch.compiler.is_compiling() and self.slot in _GROUPS_WITH
-                and _PACKED.get(self.slot) is _PENDING):
-            # a layer whose compiled products are its group's, called eager (the prefill, once a round): the same
-            # product from the plain weight (oneDNN lays it out for this call), and no packed copy of its own kept
+        if (not torch.compiler.is_compiling() and _PACKED.get(self.slot) is _PENDING
+                and (self.slot in _GROUPS_WITH or x.numel() > small_rows.MAX_ROWS * x.shape[-1])):
+            # called eager with more rows than the small-row kernel takes (the prefill, once a round), a layer not
+            # laid out yet, or one whose compiled products are its group's: the same product from the plain weight
+            # (oneDNN lays it out for this call), and no packed copy of its own kept
             return torch.nn.functional.linear(x, self.weight, bias)
         return torch.ops.grpo_exp.packed_linear(x, self.slot, self.out_features, bias)
 

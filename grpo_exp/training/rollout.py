@@ -9,8 +9,9 @@ with `cat`. The engine instead keeps
   `train.rollout_dtype=autocast` asks for a copy that computes what bf16 autocast training computes: its Linear
   weights cast to bf16, the rest the policy's own fp32 tensors, run under the same autocast. A copy is
   refreshed in place before the first generation after an optimizer step; what it shares needs no refresh.
-- with a bf16 copy on a CPU with native bf16, its Linear weights packed for oneDNN once per refresh
-  (`train.rollout_prepack`, core/packed_linear.py): the same products without a weight reorder on every call;
+- with a bf16 copy on a CPU with native bf16, its Linear layers swapped for packed ones (`train.rollout_prepack`,
+  core/packed_linear.py): the same products without a weight reorder on every call; on AVX512-BF16 a decoding
+  step's products read the plain weights in place (core/small_rows.py), with no packed copy kept;
 - a static KV cache (transformers' StaticCache, allocated once per batch shape);
 - between rounds, through TRL's hook, the copy's own weights and the cache give their memory back (`release`), since
   the training step between two rounds is where a run's memory peaks; the next round refills them;
@@ -280,7 +281,10 @@ class RolloutEngine:
 
     @property
     def _packed_note(self) -> str:
-        return f" ({len(self.packed)} Linear weights packed for oneDNN)" if self.packed else ""
+        if not self.packed:
+            return ""
+        how = "products of a few rows by grpo-exp's kernel, " if packed_linear.small_rows.AVX512_BF16 else ""
+        return f" ({len(self.packed)} Linear layers: {how}oneDNN's products packed once per refresh elsewhere)"
 
     def _pack_linears(self, prepack: bool | str) -> list:
         """The copy's Linear layers swapped for packed ones where `prepack` asks and the machine allows (auto: bf16

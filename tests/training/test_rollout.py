@@ -370,6 +370,10 @@ def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
     assert before == draw(plain, 3) and packed.compiled
     # each layer's q/k/v and gate/up products were one product each (packed_linear.compile_fused)
     assert len(packed_linear._GROUPS) - groups == 2 * model.config.num_hidden_layers
+    if packed_linear.small_rows.AVX512_BF16:  # the products read the plain weights: no packed copy was laid out
+        slots = {layer.slot for layer in packed.packed}
+        slots |= {group for slot in slots for group in packed_linear._GROUPS_WITH.get(slot, ())}
+        assert all(packed_linear._PACKED.get(slot, packed_linear._PENDING) is packed_linear._PENDING for slot in slots)
     with policy_moved(model, lambda p: p.mul_(1.5)):
         for engine in (plain, packed):
             engine.release()
