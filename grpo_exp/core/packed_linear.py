@@ -62,14 +62,11 @@ def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Ten
     if weight is None and slot in _GROUPS and all(member in _PACKED for member in _GROUPS[slot]):
         weight = _PENDING  # every layer of the group holds a weight to pack
     if weight is _PENDING and bias is None and small_rows.AVX512_BF16:
-        weights = _weights(slot)
-        if weights is not None and small_rows.usable(x, weights):
-            rows = x.numel() // x.shape[-1]
-            span = _SPANS.get((slot, rows), _UNKNOWN)
-            if span is _UNKNOWN:
-                span = _SPANS[slot, rows] = small_rows.span_for(rows, weights, _onednn_of)
-            if span is not None:
-                return small_rows.product(x, weights, span)
+        plan = _PLANS.get((slot, x.numel() // x.shape[-1], x.dtype))
+        if plan is None:
+            plan = _plan(x, slot)
+        if plan[1] is not None:
+            return small_rows.product(x, plan[0], plan[1])
     if weight is _PENDING:
         weight = _reorder(slot)
     if weight is None:
@@ -79,8 +76,19 @@ def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Ten
 
 _LIB.impl("packed_linear", packed_linear, "CPU")
 
-_UNKNOWN = object()
-_SPANS: dict[tuple[int, int], int | None] = {}  # (slot, rows) -> small_rows' span for them, None: oneDNN's product
+# (slot, rows, dtype) -> (the slot's plain weights, small_rows' span for them), the span None where the kernel does
+# not apply (oneDNN's product then): worked out at a slot's first product, and dropped with the slot
+_PLANS: dict[tuple, tuple[list, int | None]] = {}
+
+
+def _plan(x: torch.Tensor, slot: int) -> tuple[list, int | None]:
+    rows = x.numel() // x.shape[-1]
+    weights = _weights(slot)
+    span = None
+    if weights is not None and small_rows.usable(x, weights):
+        span = small_rows.span_for(rows, weights, _onednn_of)
+    _PLANS[slot, rows, x.dtype] = weights, span
+    return weights, span
 
 
 def _weights(slot: int) -> list[torch.Tensor] | None:
@@ -205,6 +213,8 @@ def _release_slot(slot: int) -> None:
 def _drop_groups_of(slot: int) -> None:
     for group in _GROUPS_WITH.get(slot, ()):
         _PACKED.pop(group, None)
+    for key in [key for key in _PLANS if key[0] == slot or key[0] in _GROUPS_WITH.get(slot, ())]:
+        del _PLANS[key]  # its weights may be other tensors when next used (a deep copy, a released layer)
 
 
 @torch.no_grad()

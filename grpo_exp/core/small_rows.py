@@ -18,7 +18,6 @@ oneDNN's product. The next block's weights are prefetched into L2 a cache line p
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -67,11 +66,13 @@ BF16_TARGET static inline void transpose16(__m512i* r)
 """
 
 _SOURCE = BF16_HEADER + r"""
-// y [M, ldy] (its first N columns) = x [M, K] @ w [N, K]^T, bf16, K even: each output summed over K two terms at a
-// time from 0 (vdpbf16ps), per `span` terms, each span's sum added to those before, rounded to bf16 once
+// y [M, ldy] (N columns from `column`) = x [M, K] @ w [N, K]^T, bf16, K even: each output summed over K two terms
+// at a time from 0 (vdpbf16ps), per `span` terms, each span's sum added to those before, rounded to bf16 once
 extern "C" BF16_TARGET void kernel(const at::BFloat16* x, const at::BFloat16* w, at::BFloat16* y, const int64_t M,
-                                   const int64_t N, const int64_t K, const int64_t ldy, const int64_t span)
+                                   const int64_t N, const int64_t K, const int64_t ldy, const int64_t column,
+                                   const int64_t span)
 {
+    y += column;
     constexpr int64_t NB = 16;  // outputs a block: 16 accumulators, one per weight row, lanes the 16 rows of x
     const int64_t K2 = K / 2, S2 = span / 2, RB = (M + 15) / 16, blocks = (N + NB - 1) / NB;
     // x's pairs, 16 rows a vector: xt[(rb * K2 + p) * 16 + lane] = (x[16 rb + lane, 2p], x[16 rb + lane, 2p + 1])
@@ -125,12 +126,17 @@ extern "C" BF16_TARGET void kernel(const at::BFloat16* x, const at::BFloat16* w,
 """
 
 
-@functools.lru_cache(maxsize=1)
-def _kernel():
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
+_compiled = None  # the kernel, compiled by inductor's code cache at its first use (a decoding step calls it 121 times)
 
-    return CppPythonBindingsCodeCache.load_pybinding(
-        ["const at::BFloat16*", "const at::BFloat16*", "at::BFloat16*"] + ["const int64_t"] * 5, _SOURCE)
+
+def _kernel():
+    global _compiled
+    if _compiled is None:
+        from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+        _compiled = CppPythonBindingsCodeCache.load_pybinding(
+            ["const at::BFloat16*", "const at::BFloat16*", "at::BFloat16*"] + ["const int64_t"] * 6, _SOURCE)
+    return _compiled
 
 
 def usable(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
@@ -142,13 +148,15 @@ def usable(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
 
 def product(x: torch.Tensor, weights: list[torch.Tensor], span: int) -> torch.Tensor:
     """x @ cat(weights).T, the weights' outputs side by side, each summed per `span` inputs."""
-    rows, inputs = x.numel() // x.shape[-1], x.shape[-1]
-    total = sum(w.shape[0] for w in weights)
-    x = x.contiguous()
+    inputs = x.shape[-1]
+    rows = x.numel() // inputs
+    total = sum(w.shape[0] for w in weights) if len(weights) > 1 else weights[0].shape[0]
+    if not x.is_contiguous():
+        x = x.contiguous()
     y = x.new_empty(*x.shape[:-1], total)
-    flat, column = y.view(rows, total), 0
+    kernel, column = _kernel(), 0
     for w in weights:
-        _kernel()(x, w, flat[:, column:], rows, w.shape[0], inputs, total, span)
+        kernel(x, w, y, rows, w.shape[0], inputs, total, column, span)
         column += w.shape[0]
     return y
 
