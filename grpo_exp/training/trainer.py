@@ -26,7 +26,7 @@ from grpo_exp.base import dist, log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
-from grpo_exp.core import attention, lean_saved, logprob_head
+from grpo_exp.core import attention, embedding_grad, lean_saved, logprob_head
 from grpo_exp.training import checkpoints, rollout, shared_prefix
 
 logger = log.get_logger(__name__)
@@ -513,6 +513,8 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
     logger.info("train.attention=%s: %s", cfg.train.attention,
                 attention.use(policy, cfg.train.attention, cfg.train.attention_decode)
                 or policy.config._attn_implementation)
+    if embedding_grad.install(policy):  # the same gradients, without a vocabulary-sized buffer per lookup
+        logger.info("input embedding tied to the LM head: its gradient is taken as the rows its tokens touch")
     return GrpoExpTrainer(
         model=parts.model,
         reward_funcs=parts.reward_funcs,
