@@ -19,11 +19,12 @@ from the same row and column whatever the width, and the outputs were equal bit 
 (tests/core/test_packed_linear.py; the default model's decoding rounds, README, Performance, "Fused products").
 A decoding step of the default model makes 121 products instead of 211.
 
-On a CPU with AVX512-BF16, the op computes a product of a few rows (a decoding step's) with core/small_rows.py's
-kernel from the layers' plain weights instead, the same numbers as oneDNN's packed product (the kernel's span is
-checked against oneDNN's own product before use), and no packed copy is laid out at all: `pack` only marks the
-weights, and an eager call with many rows (the prefill) is `F.linear` on the plain weight. oneDNN's packed product
-stays where the kernel does not apply (a bias, a shape it does not match, other CPUs).
+On a CPU with AVX512-BF16 and no AMX (small_rows.AVX512_BF16), the op computes a product of a few rows (a decoding
+step's) with core/small_rows.py's kernel from the layers' plain weights instead, the same numbers as oneDNN's packed
+product (the kernel's span is checked against oneDNN's own product before use), and no packed copy is laid out at
+all: `pack` only marks the weights, and an eager call with many rows (the prefill) is `F.linear` on the plain
+weight. oneDNN's packed product stays where the kernel does not apply (a bias, a shape it does not match, other
+CPUs).
 """
 
 from __future__ import annotations

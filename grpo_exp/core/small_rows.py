@@ -26,9 +26,10 @@ from grpo_exp.base import log
 
 logger = log.get_logger(__name__)
 
-# whether this CPU multiplies bf16 with AVX512-BF16 and torch's kernels use it (not held to AVX2): where oneDNN's bf16
-# products add in the order the kernels here repeat (a constant, so that dynamo never traces the test)
-AVX512_BF16 = (torch.cpu._is_avx512_bf16_supported()
+# whether this CPU multiplies bf16 with AVX512-BF16 and torch's kernels use it (not held to AVX2), without AMX: where
+# oneDNN's bf16 products add in the order the kernels here repeat, as measured (a CPU with AMX tiles multiplies
+# through them, in an order not checked; it keeps oneDNN's products). A constant, so that dynamo never traces the test
+AVX512_BF16 = (torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported()
                and torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2"))
 MAX_ROWS = 64  # beyond, the weight is read once per 16 rows: oneDNN's blocked product is the better one
 

@@ -78,7 +78,7 @@ def test_a_group_as_wide_as_a_vector_keeps_inductors_kernel():
 
 
 needs_avx512_bf16 = pytest.mark.skipif(not decode_softmax._AVX512_BF16,
-                                       reason="decode_attention repeats oneDNN's AVX512-BF16 products")
+                                       reason="decode_attention repeats oneDNN's AVX512-BF16 products (no AMX)")
 
 
 def _mixed(*shape):

@@ -12,7 +12,8 @@ from grpo_exp.training.rollout import compiler_missing
 
 pytestmark = [
     pytest.mark.skipif(compiler_missing() is not None, reason=f"inductor cannot compile: {compiler_missing()}"),
-    pytest.mark.skipif(not small_rows.AVX512_BF16, reason="the kernel repeats oneDNN's AVX512-BF16 products"),
+    pytest.mark.skipif(not small_rows.AVX512_BF16,
+                       reason="the kernel repeats oneDNN's AVX512-BF16 products (a CPU with them and no AMX)"),
 ]
 
 

@@ -240,7 +240,8 @@ def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, mo
 
 
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
-@pytest.mark.skipif(not decode_softmax._AVX512_BF16, reason="decode_attention repeats oneDNN's AVX512-BF16 products")
+@pytest.mark.skipif(not decode_softmax._AVX512_BF16,
+                    reason="decode_attention repeats oneDNN's AVX512-BF16 products (no AMX)")
 def test_the_decoding_attention_kernel_samples_what_the_composed_attention_samples(tmp_path, monkeypatch):
     """A compiled bf16 decoding step whose attention is core/decode_softmax.py's one kernel (heads of 32 columns:
     the tiny model made 128 wide) draws the same tokens with the same log-probs, bit for bit, as the step that
