@@ -334,15 +334,11 @@ def agrees(mask_dtype: torch.dtype, group: int, dim: int, length: int, chunks: i
     span = span or VALUE_SPAN
     heads = max(8, min(2**17 // (group * dim), 2**24 // (length * dim)))
     generator = torch.Generator().manual_seed(0)
-
-    def values(*shape):
-        normal = torch.randn(*shape, generator=generator)
-        return (normal * torch.exp2(torch.randint(-4, 5, shape, generator=generator).float())).bfloat16()
-
     # queries 64 times smaller: moderate scores, so the softmax spreads its weight over many value rows, where the
     # value product's order of terms shows
-    query = (values(heads, 1, group, dim).float() / 64).bfloat16()
-    key, value = values(heads, 1, length, dim), values(heads, 1, length, dim)
+    query = (small_rows.wide_range(heads, 1, group, dim, generator=generator).float() / 64).bfloat16()
+    key = small_rows.wide_range(heads, 1, length, dim, generator=generator)
+    value = small_rows.wide_range(heads, 1, length, dim, generator=generator)
     mask = torch.zeros(heads, 1, 1, length, dtype=mask_dtype)
     scaling = dim ** -0.5
     same = torch.equal(_run_attention(query, key, value, mask, scaling, chunks, span),

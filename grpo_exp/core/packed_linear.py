@@ -63,7 +63,7 @@ def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Ten
     if weight is None and slot in _GROUPS and all(member in _PACKED for member in _GROUPS[slot]):
         weight = _PENDING  # every layer of the group holds a weight to pack
     if weight is _PENDING and bias is None and small_rows.AVX512_BF16:
-        plan = _PLANS.get((slot, x.numel() // x.shape[-1], x.dtype))
+        plan = _PLANS.get(slot, {}).get((x.numel() // x.shape[-1], x.dtype))
         if plan is None:
             plan = _plan(x, slot)
         if plan[1] is not None:
@@ -77,9 +77,9 @@ def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Ten
 
 _LIB.impl("packed_linear", packed_linear, "CPU")
 
-# (slot, rows, dtype) -> (the slot's plain weights, small_rows' span for them), the span None where the kernel does
-# not apply (oneDNN's product then): worked out at a slot's first product, and dropped with the slot
-_PLANS: dict[tuple, tuple[list, int | None]] = {}
+# slot -> (rows, dtype) -> (the slot's plain weights, small_rows' span for them), the span None where the kernel does
+# not apply (oneDNN's product then): worked out at a slot's first product, and dropped when the slot is packed again
+_PLANS: dict[int, dict[tuple, tuple[list, int | None]]] = {}
 
 
 def _plan(x: torch.Tensor, slot: int) -> tuple[list, int | None]:
@@ -88,7 +88,7 @@ def _plan(x: torch.Tensor, slot: int) -> tuple[list, int | None]:
     span = None
     if weights is not None and small_rows.usable(x, weights):
         span = small_rows.span_for(rows, weights, _onednn_of)
-    _PLANS[slot, rows, x.dtype] = weights, span
+    _PLANS.setdefault(slot, {})[rows, x.dtype] = weights, span
     return weights, span
 
 
@@ -99,9 +99,15 @@ def _weights(slot: int) -> list[torch.Tensor] | None:
     return None if any(layer is None for layer in layers) else [layer.weight for layer in layers]
 
 
+@torch.no_grad()
+def _laid_out(weights: list[torch.Tensor]) -> torch.Tensor:
+    """The weights, concatenated along the output where there are several, in oneDNN's blocked layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights) if len(weights) > 1 else weights[0].detach())
+
+
 def _onednn_of(weights: list[torch.Tensor]):
     """oneDNN's packed product of these weights (what this op computes without the kernel), for span_for."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(weights[0] if len(weights) == 1 else torch.cat(weights))
+    packed = _laid_out(weights)
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
@@ -214,20 +220,18 @@ def _release_slot(slot: int) -> None:
 def _drop_groups_of(slot: int) -> None:
     for group in _GROUPS_WITH.get(slot, ()):
         _PACKED.pop(group, None)
-    for key in [key for key in _PLANS if key[0] == slot or key[0] in _GROUPS_WITH.get(slot, ())]:
-        del _PLANS[key]  # its weights may be other tensors when next used (a deep copy, a released layer)
+    for held in (slot, *_GROUPS_WITH.get(slot, ())):
+        _PLANS.pop(held, None)  # its weights may be other tensors when next used (a deep copy, a released layer)
 
 
 @torch.no_grad()
 def _reorder(slot: int) -> torch.Tensor | None:
     """The packed weight of a slot marked _PENDING: its layer's weight, or a group's layers' weights concatenated;
     None where a layer is gone."""
-    layers = [_LAYERS.get(member) for member in _GROUPS.get(slot, (slot,))]
-    layers = [ref() if ref is not None else None for ref in layers]
-    if any(layer is None for layer in layers):
+    weights = _weights(slot)
+    if weights is None:
         return None
-    weights = [layer.weight.detach() for layer in layers]
-    _PACKED[slot] = torch.ops.mkldnn._reorder_linear_weight(weights[0] if len(weights) == 1 else torch.cat(weights))
+    _PACKED[slot] = _laid_out(weights)
     return _PACKED[slot]
 
 

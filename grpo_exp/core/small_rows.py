@@ -168,6 +168,13 @@ def _candidates(inputs: int) -> list[int]:
     return [likely] + [s for s in (inputs, 512, 1024, 2048, 256) if s != likely and s <= inputs and s % 2 == 0]
 
 
+def wide_range(*shape: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random bf16 values whose magnitudes span 2^-4..2^4 (normal values times a random power of 2): there the order
+    in which a product adds its terms shows in its bf16 outputs. The probes here and in decode_softmax use it."""
+    normal = torch.randn(*shape, generator=generator)
+    return (normal * torch.exp2(torch.randint(-4, 5, shape, generator=generator).float())).bfloat16()
+
+
 def span_for(rows: int, weights: list[torch.Tensor], onednn_of) -> int | None:
     """The span with which the kernel computes oneDNN's product of these weights (`onednn_of(weights)(x)`) bit for
     bit for `rows` rows of these weights' shapes, or None (a warning says so): found once per shape, on these weights
@@ -186,9 +193,7 @@ def _find_span(rows: int, weights: list[torch.Tensor], onednn) -> int | None:
     inputs, outputs = weights[0].shape[1], sum(w.shape[0] for w in weights)
     generator = torch.Generator().manual_seed(0)
     draws = max(1, min(16, 2**17 // (rows * outputs)))
-    shape = (draws, rows, inputs)
-    x = (torch.randn(*shape, generator=generator)
-         * torch.exp2(torch.randint(-4, 5, shape, generator=generator).float())).bfloat16()
+    x = wide_range(draws, rows, inputs, generator=generator)
     expected = [onednn(x[i]) for i in range(draws)]
     for span in _candidates(inputs):
         if all(torch.equal(product(x[i], weights, span), expected[i]) for i in range(draws)):

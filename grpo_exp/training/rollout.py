@@ -52,7 +52,7 @@ from types import SimpleNamespace
 import torch
 
 from grpo_exp.base import log
-from grpo_exp.core import attention, packed_linear
+from grpo_exp.core import attention, packed_linear, small_rows
 from grpo_exp.training import shared_prefix
 
 logger = log.get_logger(__name__)
@@ -283,7 +283,7 @@ class RolloutEngine:
     def _packed_note(self) -> str:
         if not self.packed:
             return ""
-        how = "products of a few rows by grpo-exp's kernel, " if packed_linear.small_rows.AVX512_BF16 else ""
+        how = "products of a few rows by grpo-exp's kernel, " if small_rows.AVX512_BF16 else ""
         return f" ({len(self.packed)} Linear layers: {how}oneDNN's products packed once per refresh elsewhere)"
 
     def _pack_linears(self, prepack: bool | str) -> list:

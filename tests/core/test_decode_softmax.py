@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_exp.core import decode_softmax
+from grpo_exp.core import decode_softmax, small_rows
 from grpo_exp.training.rollout import compiler_missing
 
 pytestmark = pytest.mark.skipif(compiler_missing() is not None, reason=f"inductor cannot compile: {compiler_missing()}")
@@ -81,11 +81,6 @@ needs_avx512_bf16 = pytest.mark.skipif(not decode_softmax._AVX512_BF16,
                                        reason="decode_attention repeats oneDNN's AVX512-BF16 products (no AMX)")
 
 
-def _mixed(*shape):
-    """bf16 values over a wide range of magnitudes: there the order in which a product adds its terms shows."""
-    return (torch.randn(*shape) * torch.exp2(torch.randint(-4, 5, shape).float())).bfloat16()
-
-
 @needs_avx512_bf16
 @pytest.mark.parametrize("threads,b,kv,g,length,dim,mask_dtype,tail", [
     (2, 16, 3, 3, 128, 64, torch.bfloat16, 40),  # the default model's static cache, its unfilled tail masked
@@ -109,8 +104,8 @@ def test_the_attention_kernel_computes_the_composed_attention_bit_for_bit(thread
     try:
         torch.manual_seed(1)
         # queries 64 times smaller: the softmax spreads its weight, and the value product's order of terms shows
-        query = (_mixed(b, kv, g, dim).float() / 64).bfloat16()
-        key, value = _mixed(b, kv, length, dim), _mixed(b, kv, length, dim)
+        query = (small_rows.wide_range(b, kv, g, dim).float() / 64).bfloat16()
+        key, value = small_rows.wide_range(b, kv, length, dim), small_rows.wide_range(b, kv, length, dim)
         attended = torch.ones(b, length, dtype=torch.bool)
         attended[:, :3] = False
         attended[:, length - tail:] = False

@@ -17,11 +17,6 @@ pytestmark = [
 ]
 
 
-def _mixed(*shape):
-    """bf16 values over a wide range of magnitudes: there the order in which a product adds its terms shows."""
-    return (torch.randn(*shape) * torch.exp2(torch.randint(-4, 5, shape).float())).bfloat16()
-
-
 def _onednn(x, weights):
     return torch.ops.mkldnn._linear_pointwise(
         x, torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights)), None, "none", [], "")
@@ -38,11 +33,11 @@ def _onednn(x, weights):
 def test_the_kernel_computes_onednns_product_bit_for_bit(rows, inputs, outputs):
     """With the span span_for finds, on fresh rows: the same outputs as oneDNN's packed product."""
     torch.manual_seed(rows)
-    weights = [_mixed(n, inputs) for n in outputs]
+    weights = [small_rows.wide_range(n, inputs) for n in outputs]
     span = small_rows.span_for(rows, weights, lambda ws: lambda x: _onednn(x, ws))
     assert span is not None
     for _ in range(3):
-        x = _mixed(rows, 1, inputs)  # a decoding step's [rows, 1, inputs]
+        x = small_rows.wide_range(rows, 1, inputs)  # a decoding step's [rows, 1, inputs]
         assert small_rows.usable(x, weights)
         assert torch.equal(small_rows.product(x, weights, span), _onednn(x, weights))
 
@@ -51,8 +46,8 @@ def test_summed_without_oneDNNs_span_the_lm_heads_outputs_differ():
     """The default model's tied LM head at 16 rows: 786,432 outputs, where summing all 576 inputs at once (no span)
     differs from oneDNN somewhere, and the span span_for finds does not."""
     torch.manual_seed(0)
-    weights = [_mixed(49152, 576)]
-    x = _mixed(16, 1, 576)
+    weights = [small_rows.wide_range(49152, 576)]
+    x = small_rows.wide_range(16, 1, 576)
     expected = _onednn(x, weights)
     assert not torch.equal(small_rows.product(x, weights, 576), expected)
     assert torch.equal(small_rows.product(x, weights, 512), expected)

@@ -13,7 +13,7 @@ import torch
 
 from grpo_exp.config.checks import validate
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.core import attention, decode_softmax, models, packed_linear
+from grpo_exp.core import attention, decode_softmax, models, packed_linear, small_rows
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
@@ -371,7 +371,7 @@ def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
     assert before == draw(plain, 3) and packed.compiled
     # each layer's q/k/v and gate/up products were one product each (packed_linear.compile_fused)
     assert len(packed_linear._GROUPS) - groups == 2 * model.config.num_hidden_layers
-    if packed_linear.small_rows.AVX512_BF16:  # the products read the plain weights: no packed copy was laid out
+    if small_rows.AVX512_BF16:  # the products read the plain weights: no packed copy was laid out
         slots = {layer.slot for layer in packed.packed}
         slots |= {group for slot in slots for group in packed_linear._GROUPS_WITH.get(slot, ())}
         assert all(packed_linear._PACKED.get(slot, packed_linear._PENDING) is packed_linear._PENDING for slot in slots)
