@@ -76,17 +76,31 @@ extern "C" BF16_TARGET void kernel(const at::BFloat16* x, const at::BFloat16* w,
     y += column;
     constexpr int64_t NB = 16;  // outputs a block: 16 accumulators, one per weight row, lanes the 16 rows of x
     const int64_t K2 = K / 2, S2 = span / 2, RB = (M + 15) / 16, blocks = (N + NB - 1) / NB;
-    // x's pairs, 16 rows a vector: xt[(rb * K2 + p) * 16 + lane] = (x[16 rb + lane, 2p], x[16 rb + lane, 2p + 1])
-    std::vector<uint32_t> xt(RB * K2 * 16, 0u);
+    // x's pairs, 16 rows a vector: xt[(rb * K2 + p) * 16 + lane] = (x[16 rb + lane, 2p], x[16 rb + lane, 2p + 1]),
+    // 0 past the last row; made 16 x 16 pairs at a time (a scalar loop cost a sixth of a small product's time).
+    // Kept between calls: every word is written before the product reads it
+    static thread_local std::vector<uint32_t> buffer;
+    if (buffer.size() < static_cast<size_t>(RB * K2 * 16)) buffer.resize(RB * K2 * 16);
+    uint32_t* const xt = buffer.data();
     const uint32_t* x2 = reinterpret_cast<const uint32_t*>(x);
-    for (int64_t m = 0; m < M; ++m) {
-        for (int64_t p = 0; p < K2; ++p) xt[((m / 16) * K2 + p) * 16 + m % 16] = x2[m * K2 + p];
+    for (int64_t rb = 0; rb < RB; ++rb) {
+        for (int64_t p = 0; p < K2; p += 16) {
+            const int64_t width = std::min<int64_t>(16, K2 - p);
+            const __mmask16 cols = static_cast<__mmask16>((1u << width) - 1u);
+            __m512i pairs[16];
+            for (int64_t r = 0; r < 16; ++r) {
+                const int64_t m = rb * 16 + r;
+                pairs[r] = m < M ? _mm512_maskz_loadu_epi32(cols, x2 + m * K2 + p) : _mm512_setzero_si512();
+            }
+            transpose16(pairs);
+            for (int64_t c = 0; c < width; ++c) _mm512_storeu_si512(xt + (rb * K2 + p + c) * 16, pairs[c]);
+        }
     }
     const uint32_t* w2 = reinterpret_cast<const uint32_t*>(w);
     #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < blocks * RB; ++t) {
         const int64_t nb = t / RB, rb = t % RB, n0 = nb * NB, count = std::min(NB, N - n0);
-        const uint32_t* xr = xt.data() + rb * K2 * 16;
+        const uint32_t* xr = xt + rb * K2 * 16;
         // the next block's 16 weight rows are K2 cache lines in a row: one into L2 per step, in order
         const char* next = reinterpret_cast<const char*>(w2 + (n0 + NB) * K2);
         const bool ahead = rb == RB - 1 && n0 + 2 * NB <= N;
