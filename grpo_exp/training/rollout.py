@@ -271,7 +271,8 @@ class RolloutEngine:
             # with packed weights, products that share an input are one product (packed_linear.compile_fused)
             backend = packed_linear.compile_fused if self.packed else "inductor"
             # Without dynamo's guards on the copy's modules: evaluating them took about 1.2 of the 1.6 ms dynamo
-            # spent before each decoding step (grpo-profile --path engine; README, Performance). Nothing changes a
+            # spent before each decoding step (under torch's profiler; README, Performance, "Around the decoding
+            # step's kernels"). Nothing changes a
             # module of the copy after it is built (refresh and release change tensor contents and storages in
             # place); the guards on the step's own inputs (shapes, the cache) and on global state stay.
             self._step = torch.compile(self._eager_step, dynamic=False, backend=backend,
