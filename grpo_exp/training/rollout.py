@@ -272,9 +272,9 @@ class RolloutEngine:
             backend = packed_linear.compile_fused if self.packed else "inductor"
             # Without dynamo's guards on the copy's modules: evaluating them took about 1.2 of the 1.6 ms dynamo
             # spent before each decoding step (under torch's profiler; README, Performance, "Around the decoding
-            # step's kernels"). Nothing changes a
-            # module of the copy after it is built (refresh and release change tensor contents and storages in
-            # place); the guards on the step's own inputs (shapes, the cache) and on global state stay.
+            # step's kernels"). Nothing changes a module of the copy after it is built (refresh and release change
+            # tensor contents and storages in place); the guards on the step's own inputs (shapes, the cache) and
+            # on global state stay.
             self._step = torch.compile(self._eager_step, dynamic=False, backend=backend,
                                        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
             self.compiled = True
