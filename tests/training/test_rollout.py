@@ -188,6 +188,20 @@ def test_cdf_sampler_matches_the_models_first_token_distribution(tiny):
     assert chi2 < dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3, chi2
 
 
+def assert_same_draws(eager, compiled, rows, seed: int = 5) -> list[list[int]]:
+    """Both engines, each from `seed`, draw the same tokens for `rows` with the same log-probs (to float rounding),
+    the compiled one still compiled; returns the tokens."""
+    torch.manual_seed(seed)
+    a, a_logps = eager.generate(rows)
+    torch.manual_seed(seed)
+    b, b_logps = compiled.generate(rows)
+    assert compiled.compiled, "the compiled step failed and fell back to eager"
+    assert a == b
+    for x, y in zip(a_logps, b_logps):
+        torch.testing.assert_close(torch.tensor(x), torch.tensor(y), atol=1e-4, rtol=1e-4)
+    return a
+
+
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
 def test_compiled_and_eager_decoding_agree(tiny):
     model, tokenizer, prompts = tiny
@@ -196,14 +210,7 @@ def test_compiled_and_eager_decoding_agree(tiny):
     eager = engine_for(model, tokenizer, eos)
     compiled = engine_for(model, tokenizer, eos, compile=True)
     assert compiled.compiled and not eager.compiled
-    torch.manual_seed(5)
-    a, a_logps = eager.generate(rows)
-    torch.manual_seed(5)
-    b, b_logps = compiled.generate(rows)
-    assert compiled.compiled, "the compiled step failed and fell back to eager"
-    assert a == b
-    for x, y in zip(a_logps, b_logps):
-        torch.testing.assert_close(torch.tensor(x), torch.tensor(y), atol=1e-4, rtol=1e-4)
+    a = assert_same_draws(eager, compiled, rows)
     # a released and refilled engine decodes the same tokens with the same compiled step, not a recompiled one
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     compiled.release()
@@ -230,14 +237,7 @@ def test_the_compiled_step_follows_moved_weights_and_new_batch_sizes(tiny):
         compiled.refresh(model)
         eager = engine_for(model, tokenizer, eos)
         for batch in (rows, rows[:3]):
-            torch.manual_seed(5)
-            a, a_logps = eager.generate(batch)
-            torch.manual_seed(5)
-            b, b_logps = compiled.generate(batch)
-            assert compiled.compiled, "the compiled step failed and fell back to eager"
-            assert a == b
-            for x, y in zip(a_logps, b_logps):
-                torch.testing.assert_close(torch.tensor(x), torch.tensor(y), atol=1e-4, rtol=1e-4)
+            a = assert_same_draws(eager, compiled, batch)
         assert a != before[:3], "moving the policy changed no token: the test cannot tell stale weights"
 
 
