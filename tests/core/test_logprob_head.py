@@ -110,3 +110,52 @@ def test_auto_picks_the_autocast_kernel_only_under_bf16_on_a_cpu():
     assert logprob_head.resolve("autocast", bf16=True, device="cuda") == "autocast"
     assert logprob_head.resolve("trl", bf16=True) == "trl"
     assert logprob_head.resolve("autocast", bf16=False) == "autocast"
+
+
+def test_the_backward_uses_the_forwards_products_with_the_same_gradients(monkeypatch):
+    """Under autocast the forward keeps each block's logits product for the backward: the backward then makes no
+    product of its own, and every gradient equals, bit for bit, the one from products computed again."""
+    hidden, weight, b, targets, gl, ge = inputs(seed=4)
+    products = []
+    real = logprob_head._product
+
+    def counted(*a):
+        products.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(logprob_head, "_product", counted)
+    blocks = -(-N // logprob_head.ROWS)
+    grads = {}
+    for keep in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        bb = b.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logps, entropy = logprob_head.AutocastLogProbHead.apply(h, w, bb, targets, 0.7, True, keep)
+        assert len(products) == blocks
+        products.clear()
+        ((logps * gl).sum() + (entropy * ge).sum()).backward()
+        assert len(products) == (0 if keep else blocks)
+        products.clear()
+        grads[keep] = (logps.detach(), entropy.detach(), h.grad, w.grad, bb.grad)
+    for kept, again in zip(grads[True], grads[False]):
+        assert torch.equal(kept, again)
+
+
+def test_products_are_kept_only_where_a_backward_can_come(monkeypatch):
+    """Scoring runs under no_grad: nothing is kept for a backward that never comes; with a graph retained, a second
+    backward computes the products again and gives the first one's gradients."""
+    hidden, weight, b, targets, gl, _ = inputs(seed=5)
+    kept = []
+    apply = logprob_head.AutocastLogProbHead.apply
+    monkeypatch.setattr(logprob_head.AutocastLogProbHead, "apply", lambda *a: kept.append(a[-1]) or apply(*a))
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logprob_head.logprobs(h, w, None, targets, 0.7, False, "autocast")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logps, _ = logprob_head.logprobs(h, w, None, targets, 0.7, False, "autocast")
+    assert kept == [False, True]
+    (logps * gl).sum().backward(retain_graph=True)
+    first = (h.grad.clone(), w.grad.clone())
+    h.grad = w.grad = None
+    (logps * gl).sum().backward()
+    assert torch.equal(h.grad, first[0]) and torch.equal(w.grad, first[1])
