@@ -26,6 +26,23 @@ from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFuncti
 CHOICES = ("auto", "trl", "autocast")  # train.logprob_kernel
 ROWS = 256  # tokens per forward block: 256 x 49152 fp32 logits are 50 MB
 GRAD_ROWS = 2048  # tokens whose logits gradient is held at once for the weight-gradient GEMM (bf16: 200 MB)
+# tokens per span of a block's fp32 maths: 32 x 49152 fp32 logits are 6 MB, which stay in cache between the span's
+# passes (cast, log-sum-exp, entropy; log p, p, the gradient), where a whole block's 50 MB went to memory and back
+# on every pass (one-off, 512 tokens with entropy, 2 cores: forward 139 -> 116 ms, backward 188 -> 178 ms)
+SPAN_ROWS = 32
+
+
+def _spans(start: int, end: int):
+    """[start, end) in spans of SPAN_ROWS tokens, the last one never a single token unless the block is one.
+
+    Every operation of the spans' maths treats each token's row alone, so a span computes what its block computed
+    bit for bit, with one exception: torch sums the row of a single-row tensor in two halves on two threads (its
+    "two-pass" reduction) but each row of a larger tensor whole on one thread. A one-token remainder is therefore
+    joined to the span before it, so that no row is summed otherwise than in the block."""
+    cuts = list(range(start, end, SPAN_ROWS)) + [end]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
+        del cuts[-2]
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -66,14 +83,15 @@ class AutocastLogProbHead(torch.autograd.Function):
             product = _product(hidden[s:e].to(dtype), w, b)
             if keep_products:
                 ctx.products[s, e] = product
-            z = _scaled(product, temperature)
-            product = None
-            lz = torch.logsumexp(z, dim=-1)
-            log_z[s:e] = lz
-            logps[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lz
-            if want_entropy:
-                # H = log Z - sum_v p_v z_v, as TRL's kernel computes it
-                entropy[s:e] = lz - (torch.exp(z - lz[:, None]) * z).sum(-1)
+            for a, c in _spans(s, e):
+                z = _scaled(product[a - s:c - s], temperature)
+                lz = torch.logsumexp(z, dim=-1)
+                log_z[a:c] = lz
+                logps[a:c] = z.gather(-1, targets[a:c, None]).squeeze(-1) - lz
+                if want_entropy:
+                    # H = log Z - sum_v p_v z_v, as TRL's kernel computes it
+                    entropy[a:c] = lz - (torch.exp(z - lz[:, None]) * z).sum(-1)
+            product = z = None
         ctx.save_for_backward(hidden, weight, bias, targets, log_z, entropy if want_entropy else log_z)
         ctx.dtype, ctx.temperature = dtype, temperature
         ctx.set_materialize_grads(False)  # the entropy is usually for logging only: no gradient comes back
@@ -104,26 +122,27 @@ class AutocastLogProbHead(torch.autograd.Function):
             grad_z = torch.empty((ge - gs, weight.shape[0]), dtype=dtype, device=hidden.device)
             for s in range(gs, ge, ROWS):
                 e = min(s + ROWS, ge)
-                # log p, then p, in place: each pass over a block of N x V fp32 costs as much as a small GEMM here
+                # log p, then p, in place, a span at a time: each pass over N x V fp32 costs as much as a small GEMM
                 product = ctx.products.pop((s, e), None)
                 if product is None:  # not kept, or used by an earlier backward through a retained graph
                     product = _product(h_block[s - gs:e - gs], w, b)
-                log_p = _scaled(product, ctx.temperature).sub_(log_z[s:e, None])
+                for a, c in _spans(s, e):
+                    log_p = _scaled(product[a - s:c - s], ctx.temperature).sub_(log_z[a:c, None])
+                    g = None
+                    if grad_entropy is not None:
+                        # d H / dz_j = -p_j (log p_j + H)
+                        g = log_p.add(entropy[a:c, None]).mul_(-grad_entropy[a:c, None] * inv_t)
+                    p = log_p.exp_()
+                    if g is not None:
+                        g.mul_(p)
+                    if grad_logps is not None:
+                        # d log p_target / dz_j = 1[j = target] - p_j
+                        scale = grad_logps[a:c, None].float() * inv_t
+                        term = p.mul_(-scale).scatter_add_(-1, targets[a:c, None], scale)
+                        g = term if g is None else g.add_(term)
+                    grad_z[a - gs:c - gs] = g
+                    log_p = p = g = term = None
                 product = None
-                g = None
-                if grad_entropy is not None:
-                    # d H / dz_j = -p_j (log p_j + H)
-                    g = log_p.add(entropy[s:e, None]).mul_(-grad_entropy[s:e, None] * inv_t)
-                p = log_p.exp_()
-                if g is not None:
-                    g.mul_(p)
-                if grad_logps is not None:
-                    # d log p_target / dz_j = 1[j = target] - p_j
-                    scale = grad_logps[s:e, None].float() * inv_t
-                    term = p.mul_(-scale).scatter_add_(-1, targets[s:e, None], scale)
-                    g = term if g is None else g.add_(term)
-                grad_z[s - gs:e - gs] = g
-                log_p = p = g = term = None
             if need_h:
                 grad_hidden[gs:ge] = grad_z @ w
             if ge == n:

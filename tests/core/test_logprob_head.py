@@ -159,3 +159,32 @@ def test_products_are_kept_only_where_a_backward_can_come(monkeypatch):
     h.grad = w.grad = None
     (logps * gl).sum().backward()
     assert torch.equal(h.grad, first[0]) and torch.equal(w.grad, first[1])
+
+
+def test_spans_cover_a_block_without_a_single_token_remainder(monkeypatch):
+    monkeypatch.setattr(logprob_head, "SPAN_ROWS", 4)
+    assert logprob_head._spans(0, 8) == [(0, 4), (4, 8)]
+    assert logprob_head._spans(8, 17) == [(8, 12), (12, 17)]  # 16..17 alone would be one token: joined
+    assert logprob_head._spans(8, 18) == [(8, 12), (12, 16), (16, 18)]
+    assert logprob_head._spans(3, 4) == [(3, 4)]  # a one-token block stays one
+
+
+@pytest.mark.parametrize("n", [5, 9])
+def test_spans_compute_what_whole_blocks_compute(monkeypatch, n):
+    """The fp32 maths a span at a time gives every output and gradient of the maths over whole blocks, bit for bit,
+    at a vocabulary wide enough (49152, the default model's) that torch sums a single row on two threads: with the
+    one-token remainder not joined to the span before it, the 5-token case (spans of 4 and 1) differs."""
+    monkeypatch.setattr(logprob_head, "ROWS", 9)
+    monkeypatch.setattr(logprob_head, "GRAD_ROWS", 9)
+    gen = torch.Generator().manual_seed(n)
+    vocab, hidden_size = 49152, 16
+    hidden = torch.randn(n, hidden_size, generator=gen) * 4
+    weight = torch.randn(vocab, hidden_size, generator=gen)
+    targets = torch.randint(0, vocab, (n,), generator=gen)
+    gl, ge = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    results = {}
+    for span in (logprob_head.ROWS, 4):
+        monkeypatch.setattr(logprob_head, "SPAN_ROWS", span)
+        results[span] = run("autocast", hidden, weight, None, targets, 0.7, gl, ge, autocast=True)[:4]
+    for whole, spans in zip(results[logprob_head.ROWS], results[4]):
+        assert torch.equal(whole, spans)
