@@ -36,9 +36,9 @@ def _spans(start: int, end: int):
     """[start, end) in spans of SPAN_ROWS tokens, the last one never a single token unless the block is one.
 
     Every operation of the spans' maths treats each token's row alone, so a span computes what its block computed
-    bit for bit, with one exception: torch sums the row of a single-row tensor in two halves on two threads (its
-    "two-pass" reduction) but each row of a larger tensor whole on one thread. A one-token remainder is therefore
-    joined to the span before it, so that no row is summed otherwise than in the block."""
+    bit for bit, with one exception: torch splits the row of a single-row tensor between its threads (its
+    "two-pass" reduction) but sums each row of a larger tensor whole on one thread. A one-token remainder is
+    therefore joined to the span before it, so that no row is summed otherwise than in the block."""
     cuts = list(range(start, end, SPAN_ROWS)) + [end]
     if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
         del cuts[-2]
