@@ -258,8 +258,9 @@ class TrainConfig:
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
     # the copy's Linear products without a weight reorder on every call (core/packed_linear.py; the same numbers): a
     # decoding step's by grpo-exp's kernel from the plain weights on AVX512-BF16 (core/small_rows.py), oneDNN's from
-    # weights laid out once per round elsewhere; auto/true: where the copy is bf16 and the CPU computes bf16 natively
-    # (true: an error elsewhere)
+    # weights laid out once per round elsewhere; auto/true: where the copy is bf16 and the CPU computes bf16 natively,
+    # or the copy is fp32 and torch's kernels are AVX2's (small_rows' fp32 kernel, MKL's numbers) (true: an error
+    # elsewhere)
     rollout_prepack: Any = "auto"
     # cdf: one uniform number per row (fast); multinomial: generate's draws (the same tokens under the same seed)
     rollout_sampler: str = "cdf"
@@ -334,9 +335,12 @@ class TrainConfig:
 
             from grpo_exp.core import packed_linear
 
-            # (without native bf16 the check below refuses too; there `auto` makes an fp32 copy)
-            why = ("train.rollout_dtype=fp32 makes an fp32 copy" if train.rollout_dtype == "fp32"
-                   else packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu")))
+            from grpo_exp.base.cpu import resolve_precision
+
+            # the copy's dtype as the engine picks it (training/rollout.py, copy_kind): auto is fp32 without native bf16
+            fp32 = train.rollout_dtype == "fp32" or (train.rollout_dtype == "auto"
+                                                     and resolve_precision("auto") != "bf16")
+            why = packed_linear.unsupported_reason(torch.float32 if fp32 else torch.bfloat16, torch.device("cpu"))
             require(why is None, f"train.rollout_prepack=true cannot be met here: {why}; choose one of: auto, false")
         # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set
         require(not (train.rollout in ("engine", "auto") and train.rollout_is_correction and train.loss_type == "vespo"

@@ -25,6 +25,11 @@ product (the kernel's span is checked against oneDNN's own product before use), 
 all: `pack` only marks the weights, and an eager call with many rows (the prefill) is `F.linear` on the plain
 weight. oneDNN's packed product stays where the kernel does not apply (a bias, a shape it does not match, other
 CPUs).
+
+An fp32 copy is laid out for nobody: torch's fp32 product is MKL's, from the plain weight. Where torch's kernels are
+AVX2's (small_rows.F32_AVX2), the same op computes a decoding step's products with small_rows' fp32 kernel, which
+repeats MKL's order of the terms (checked against MKL's own product before use), and MKL's product of the plain
+weights elsewhere (a bias, 1-3 rows, a shape no span matches, many rows).
 """
 
 from __future__ import annotations
@@ -62,12 +67,14 @@ def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Ten
     weight = _PACKED.get(slot)
     if weight is None and slot in _GROUPS and all(member in _PACKED for member in _GROUPS[slot]):
         weight = _PENDING  # every layer of the group holds a weight to pack
-    if weight is _PENDING and bias is None and small_rows.AVX512_BF16:
+    if weight is _PENDING and bias is None and small_rows.applies(x.dtype):
         plan = _PLANS.get(slot, {}).get((x.numel() // x.shape[-1], x.dtype))
         if plan is None:
             plan = _plan(x, slot)
         if plan[1] is not None:
             return small_rows.product(x, plan[0], plan[1])
+    if x.dtype == torch.float32 and weight is _PENDING:  # fp32 weights are never laid out: torch's own product
+        return _plain_product(slot, x, bias)
     if weight is _PENDING:
         weight = _reorder(slot)
     if weight is None:
@@ -87,7 +94,7 @@ def _plan(x: torch.Tensor, slot: int) -> tuple[list, int | None]:
     weights = _weights(slot)
     span = None
     if weights is not None and small_rows.usable(x, weights):
-        span = small_rows.span_for(rows, weights, _onednn_of)
+        span = small_rows.span_for(rows, weights, _library_of)
     _PLANS.setdefault(slot, {})[rows, x.dtype] = weights, span
     return weights, span
 
@@ -105,10 +112,31 @@ def _laid_out(weights: list[torch.Tensor]) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights) if len(weights) > 1 else weights[0].detach())
 
 
-def _onednn_of(weights: list[torch.Tensor]):
-    """oneDNN's packed product of these weights (what this op computes without the kernel), for span_for."""
+def _library_of(weights: list[torch.Tensor]):
+    """What this op computes for these weights without the kernel, for span_for: oneDNN's packed product of bf16
+    weights, torch's (MKL's) product of each plain fp32 weight."""
+    if weights[0].dtype == torch.float32:
+        return lambda x: _products(x, weights, None)
     packed = _laid_out(weights)
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def _products(x: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W.T + b of each weight (and its part of a group's bias), side by side: what the layers compute alone."""
+    # the rows as one dense 2-D matrix, as inductor hands them to MKL: a 3-D input with other strides (a decoding
+    # step's [rows, 1, inputs] can have them) took another path through MKL that adds in another order
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    biases = [None] * len(weights) if bias is None else bias.split([w.shape[0] for w in weights])
+    outputs = [torch.nn.functional.linear(rows, w, b) for w, b in zip(weights, biases)]
+    y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, -1)
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _plain_product(slot: int, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    weights = _weights(slot)
+    if weights is None:
+        raise RuntimeError(f"linear slot {slot}: a layer of it is gone")
+    return _products(x, weights, bias)
 
 
 @torch.library.register_fake("grpo_exp::packed_linear")
@@ -120,6 +148,9 @@ def unsupported_reason(dtype: torch.dtype, device: torch.device) -> str | None:
     """Why weights of `dtype` on `device` cannot be packed here (None when they can)."""
     if device.type != "cpu":
         return f"weights on {device.type}, not the CPU"
+    if dtype == torch.float32:  # nothing laid out: small_rows' fp32 kernel, where it repeats MKL's products
+        return None if small_rows.F32_AVX2 else ("float32 weights (oneDNN packing is used for bf16; grpo-exp's "
+                                                 "fp32 kernel where torch's kernels are AVX2's)")
     if dtype != torch.bfloat16:
         return f"{str(dtype).replace('torch.', '')} weights (oneDNN packing is used for bf16)"
     if not torch.backends.mkldnn.is_available():
@@ -169,7 +200,8 @@ class PackedLinear(torch.nn.Linear):
         group's first use (and its own, if it is used alone)."""
         _drop_groups_of(self.slot)
         _PACKED[self.slot] = _PENDING
-        if self.slot not in _GROUPS_WITH and not small_rows.AVX512_BF16:
+        if (self.slot not in _GROUPS_WITH and self.weight.dtype != torch.float32  # fp32: nothing is laid out
+                and not small_rows.applies(self.weight.dtype)):
             _reorder(self.slot)
 
     def unpack(self) -> None:

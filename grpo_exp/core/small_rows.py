@@ -141,24 +141,115 @@ extern "C" BF16_TARGET void kernel(const at::BFloat16* x, const at::BFloat16* w,
 """
 
 
-_compiled = None  # the kernel, compiled by inductor's code cache at its first use (a decoding step calls it 121 times)
+# The fp32 kernel, for a CPU whose torch kernels are AVX2's (no AVX-512, or held to AVX2): rows in the lanes again, 8
+# rows a vector, each weight broadcast, one fused multiply-add chain per output over its inputs from 0. MKL's fp32
+# product (what torch computes there) sums a few rows' outputs the same way, per 192 inputs, each span's sum added to
+# those before (4-64 rows, the default model's shapes; AMD EPYC, AVX2 only, MKL 2024.2; measured here), and at 16
+# rows it reached about a quarter of the machine's fp32 GEMM peak (2 cores, AVX2 only; README, Performance). 1-3
+# rows take MKL's other path, whose order span_for finds no span for: MKL's product is kept there.
+F32_AVX2 = torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+_F32_SOURCE = r"""
+#include <torch/csrc/inductor/cpp_prefix.h>
+#include <immintrin.h>
+#define F32_TARGET __attribute__((target("avx2,fma")))
+
+// 16 rows a block, two vectors of 8; NB = 6 weight rows a block: 12 accumulators of 16 registers. (A block of 8 rows
+// and 12 weight rows ran 8 rows at about a third of this one's rate: its 12 weight pointers left too few registers.)
+F32_TARGET static void product(const float* xt, const float* w, float* y, const int64_t M, const int64_t N,
+                               const int64_t K, const int64_t ldy, const int64_t span)
+{
+    constexpr int64_t NB = 6, RV = 2, ROWS = 8 * RV;
+    const int64_t RB = (M + ROWS - 1) / ROWS, blocks = (N + NB - 1) / NB;
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < blocks * RB; ++t) {
+        const int64_t nb = t / RB, rb = t % RB, n0 = nb * NB, count = std::min(NB, N - n0);
+        const float* xr = xt + rb * K * ROWS;
+        const float* wr[NB];
+        for (int64_t j = 0; j < NB; ++j) wr[j] = w + (n0 + std::min(j, count - 1)) * K;  // past N: a row again
+        // the next block's NB weight rows are NB * K floats in a row: NB / 2 cache lines into L2 per 8 steps
+        const char* next = reinterpret_cast<const char*>(w + (n0 + NB) * K);
+        const bool ahead = rb == RB - 1 && n0 + 2 * NB <= N;
+        __m256 total[NB][RV], acc[NB][RV];
+        for (int64_t start = 0; start < K; start += span) {
+            const int64_t stop = std::min(start + span, K);
+            for (int64_t j = 0; j < NB; ++j)
+                for (int v = 0; v < RV; ++v) acc[j][v] = _mm256_setzero_ps();
+            for (int64_t k = start; k < stop; ++k) {
+                if (ahead && (k & 7) == 0)
+                    for (int64_t l = 0; l < NB / 2; ++l) _mm_prefetch(next + (k / 8) * NB * 32 + 64 * l, _MM_HINT_T1);
+                __m256 xv[RV];
+                for (int v = 0; v < RV; ++v) xv[v] = _mm256_loadu_ps(xr + k * ROWS + 8 * v);
+                for (int64_t j = 0; j < NB; ++j) {
+                    const __m256 b = _mm256_broadcast_ss(wr[j] + k);
+                    for (int v = 0; v < RV; ++v) acc[j][v] = _mm256_fmadd_ps(xv[v], b, acc[j][v]);
+                }
+            }
+            for (int64_t j = 0; j < NB; ++j)
+                for (int v = 0; v < RV; ++v)
+                    total[j][v] = start == 0 ? acc[j][v] : _mm256_add_ps(total[j][v], acc[j][v]);
+        }
+        alignas(32) float out[NB][ROWS];
+        for (int64_t j = 0; j < NB; ++j)
+            for (int v = 0; v < RV; ++v) _mm256_store_ps(out[j] + 8 * v, total[j][v]);
+        const int64_t live_rows = std::min<int64_t>(ROWS, M - rb * ROWS);
+        for (int64_t r = 0; r < live_rows; ++r)
+            for (int64_t j = 0; j < count; ++j) y[(rb * ROWS + r) * ldy + n0 + j] = out[j][r];
+    }
+}
+
+// y [M, ldy] (N columns from `column`) = x [M, K] @ w [N, K]^T, fp32: each output a chain of fused multiply-adds
+// over K from 0, per `span` terms, each span's sum added to those before
+extern "C" F32_TARGET void kernel(const float* x, const float* w, float* y, const int64_t M, const int64_t N,
+                                  const int64_t K, const int64_t ldy, const int64_t column, const int64_t span)
+{
+    constexpr int64_t ROWS = 16;
+    const int64_t RB = (M + ROWS - 1) / ROWS;
+    // x's columns, ROWS rows a group: xt[(rb * K + k) * ROWS + r] = x[rb * ROWS + r, k], 0 past the last row. Kept
+    // between calls: every word is written before the product reads it
+    static thread_local std::vector<float> buffer;
+    if (buffer.size() < static_cast<size_t>(RB * K * ROWS)) buffer.resize(RB * K * ROWS);
+    float* const xt = buffer.data();
+    for (int64_t rb = 0; rb < RB; ++rb)
+        for (int64_t r = 0; r < ROWS; ++r) {
+            const int64_t m = rb * ROWS + r;
+            float* const to = xt + rb * K * ROWS + r;
+            if (m < M) {
+                const float* from = x + m * K;
+                for (int64_t k = 0; k < K; ++k) to[k * ROWS] = from[k];
+            } else {
+                for (int64_t k = 0; k < K; ++k) to[k * ROWS] = 0.f;
+            }
+        }
+    product(xt, w, y + column, M, N, K, ldy, span);
+}
+"""
+
+_compiled: dict[torch.dtype, object] = {}  # dtype -> its kernel, compiled by inductor's code cache at its first use
 
 
-def _kernel():
-    global _compiled
-    if _compiled is None:
+def _kernel(dtype: torch.dtype):
+    if dtype not in _compiled:
         from torch._inductor.codecache import CppPythonBindingsCodeCache
 
-        _compiled = CppPythonBindingsCodeCache.load_pybinding(
-            ["const at::BFloat16*", "const at::BFloat16*", "at::BFloat16*"] + ["const int64_t"] * 6, _SOURCE)
-    return _compiled
+        kind, source = ("at::BFloat16", _SOURCE) if dtype == torch.bfloat16 else ("float", _F32_SOURCE)
+        _compiled[dtype] = CppPythonBindingsCodeCache.load_pybinding(
+            [f"const {kind}*", f"const {kind}*", f"{kind}*"] + ["const int64_t"] * 6, source)
+    return _compiled[dtype]
+
+
+def applies(dtype: torch.dtype) -> bool:
+    """Whether products of this dtype take a kernel here: bf16 on AVX512-BF16 without AMX, fp32 where torch's kernels
+    are AVX2's."""
+    return (dtype == torch.bfloat16 and AVX512_BF16) or (dtype == torch.float32 and F32_AVX2)
 
 
 def usable(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
-    """Whether the kernel can take this product: bf16, contiguous weights of an even inner size, a few rows."""
+    """Whether a kernel can take this product here: bf16 (of an even inner size) or fp32 as `applies` says,
+    contiguous weights of the same dtype, a few rows."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (AVX512_BF16 and x.dtype == torch.bfloat16 and 0 < rows <= MAX_ROWS and x.shape[-1] % 2 == 0
-            and all(w.dtype == torch.bfloat16 and w.is_contiguous() for w in weights))
+    return (applies(x.dtype) and 0 < rows <= MAX_ROWS and (x.dtype != torch.bfloat16 or x.shape[-1] % 2 == 0)
+            and all(w.dtype == x.dtype and w.is_contiguous() for w in weights))
 
 
 def product(x: torch.Tensor, weights: list[torch.Tensor], span: int) -> torch.Tensor:
@@ -169,33 +260,39 @@ def product(x: torch.Tensor, weights: list[torch.Tensor], span: int) -> torch.Te
     if not x.is_contiguous():
         x = x.contiguous()
     y = x.new_empty(*x.shape[:-1], total)
-    kernel, column = _kernel(), 0
+    kernel, column = _kernel(x.dtype), 0
     for w in weights:
         kernel(x, w, y, rows, w.shape[0], inputs, total, column, span)
         column += w.shape[0]
     return y
 
 
-def _candidates(inputs: int) -> list[int]:
-    """Spans to try, the likeliest first: oneDNN split 576 inputs per 512 and 1536 or 2048 per 1024 here."""
+def _candidates(inputs: int, dtype: torch.dtype) -> list[int]:
+    """Spans to try, the likeliest first: oneDNN split bf16 sums of 576 inputs per 512 and 1536 or 2048 per 1024 here;
+    MKL's fp32 sums, per 192."""
+    if dtype == torch.float32:
+        likely = min(192, inputs)
+        return [likely] + [s for s in (inputs, 256, 128, 384, 512) if s != likely and s <= inputs]
     likely = inputs if inputs <= 512 else min(1024, 2 ** int(math.log2(inputs)))
     return [likely] + [s for s in (inputs, 512, 1024, 2048, 256) if s != likely and s <= inputs and s % 2 == 0]
 
 
-def wide_range(*shape: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Random bf16 values whose magnitudes span 2^-4..2^4 (normal values times a random power of 2): there the order
-    in which a product adds its terms shows in its bf16 outputs. The probes here and in decode_softmax use it."""
+def wide_range(*shape: int, generator: torch.Generator | None = None,
+               dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Random values of `dtype` whose magnitudes span 2^-4..2^4 (normal values times a random power of 2): there the
+    order in which a product adds its terms shows in its outputs. The probes here and in decode_softmax use it."""
     normal = torch.randn(*shape, generator=generator)
-    return (normal * torch.exp2(torch.randint(-4, 5, shape, generator=generator).float())).bfloat16()
+    return (normal * torch.exp2(torch.randint(-4, 5, shape, generator=generator).float())).to(dtype)
 
 
-def span_for(rows: int, weights: list[torch.Tensor], onednn_of) -> int | None:
-    """The span with which the kernel computes oneDNN's product of these weights (`onednn_of(weights)(x)`) bit for
-    bit for `rows` rows of these weights' shapes, or None (a warning says so): found once per shape, on these weights
-    and random rows whose magnitudes span 2^-4..2^4, enough of them that another order of the terms shows."""
-    key = (rows, tuple(tuple(w.shape) for w in weights))
+def span_for(rows: int, weights: list[torch.Tensor], library_of) -> int | None:
+    """The span with which the kernel computes the library's product of these weights (`library_of(weights)(x)`:
+    oneDNN's for bf16, MKL's for fp32) bit for bit for `rows` rows of these weights' shapes, or None (a warning says
+    so): found once per shape, on these weights and random rows whose magnitudes span 2^-4..2^4, enough of them that
+    another order of the terms shows."""
+    key = (rows, weights[0].dtype, tuple(tuple(w.shape) for w in weights))
     if key not in _SPANS:
-        _SPANS[key] = _find_span(rows, weights, onednn_of(weights))
+        _SPANS[key] = _find_span(rows, weights, library_of(weights))
     return _SPANS[key]
 
 
@@ -203,15 +300,17 @@ _SPANS: dict[tuple, int | None] = {}
 
 
 @torch.no_grad()
-def _find_span(rows: int, weights: list[torch.Tensor], onednn) -> int | None:
-    inputs, outputs = weights[0].shape[1], sum(w.shape[0] for w in weights)
+def _find_span(rows: int, weights: list[torch.Tensor], library) -> int | None:
+    inputs, outputs, dtype = weights[0].shape[1], sum(w.shape[0] for w in weights), weights[0].dtype
     generator = torch.Generator().manual_seed(0)
     draws = max(1, min(16, 2**17 // (rows * outputs)))
-    x = wide_range(draws, rows, inputs, generator=generator)
-    expected = [onednn(x[i]) for i in range(draws)]
-    for span in _candidates(inputs):
+    x = wide_range(draws, rows, inputs, generator=generator, dtype=dtype)
+    expected = [library(x[i]) for i in range(draws)]
+    for span in _candidates(inputs, dtype):
         if all(torch.equal(product(x[i], weights, span), expected[i]) for i in range(draws)):
             return span
-    logger.warning("small-row products: no span makes the kernel compute oneDNN's product of %d rows x %s; "
-                   "oneDNN's own product is kept there", rows, [tuple(w.shape) for w in weights])
+    # 1-3 fp32 rows take MKL's matrix-vector path, which no span matches: expected, so not a warning there
+    say = logger.info if dtype == torch.float32 and rows < 4 else logger.warning
+    say("small-row products: no span makes the kernel compute the library's %s product of %d rows x %s; its own "
+        "product is kept there", str(dtype).replace("torch.", ""), rows, [tuple(w.shape) for w in weights])
     return None

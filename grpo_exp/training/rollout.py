@@ -11,7 +11,9 @@ with `cat`. The engine instead keeps
   refreshed in place before the first generation after an optimizer step; what it shares needs no refresh.
 - with a bf16 copy on a CPU with native bf16, its Linear layers swapped for packed ones (`train.rollout_prepack`,
   core/packed_linear.py): the same products without a weight reorder on every call; on AVX512-BF16 a decoding
-  step's products read the plain weights in place (core/small_rows.py), with no packed copy kept;
+  step's products read the plain weights in place (core/small_rows.py), with no packed copy kept; an fp32 copy on a
+  CPU whose torch kernels are AVX2's swaps them too, for small_rows' fp32 kernel (nothing laid out: MKL's same
+  numbers, faster at a decoding step's few rows);
 - a static KV cache (transformers' StaticCache, allocated once per batch shape);
 - between rounds, through TRL's hook, the copy's own weights and the cache give their memory back (`release`), since
   the training step between two rounds is where a run's memory peaks; the next round refills them;
@@ -289,7 +291,9 @@ class RolloutEngine:
     def _packed_note(self) -> str:
         if not self.packed:
             return ""
-        how = "products of a few rows by grpo-exp's kernel, " if small_rows.AVX512_BF16 else ""
+        if self.dtype == torch.float32:
+            return f" ({len(self.packed)} Linear layers: products of a few rows by grpo-exp's kernel, MKL's elsewhere)"
+        how = "products of a few rows by grpo-exp's kernel, " if small_rows.applies(self.dtype) else ""
         return f" ({len(self.packed)} Linear layers: {how}oneDNN's products packed once per refresh elsewhere)"
 
     def _pack_linears(self, prepack: bool | str) -> list:
@@ -300,6 +304,8 @@ class RolloutEngine:
         if prepack is False:
             return []
         why = packed_linear.unsupported_reason(self.dtype, self.device)
+        if why is None and self.dtype == torch.float32 and self.device.type == "cpu":
+            why = compiler_missing()  # the fp32 layers are only for the kernel, which inductor's code cache builds
         if why:
             if prepack is True:
                 raise ValueError(f"train.rollout_prepack=true cannot be met: {why}")

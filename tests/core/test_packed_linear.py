@@ -9,14 +9,16 @@ import copy
 import pytest
 import torch
 
-from grpo_exp.core import packed_linear
+from grpo_exp.core import packed_linear, small_rows
 
 CPU = torch.device("cpu")
 WHY = packed_linear.unsupported_reason(torch.bfloat16, CPU)
 
 
 def test_what_cannot_be_packed_says_why():
-    assert "float32" in packed_linear.unsupported_reason(torch.float32, CPU)
+    fp32 = packed_linear.unsupported_reason(torch.float32, CPU)
+    assert (fp32 is None) == small_rows.F32_AVX2  # fp32 layers only where small_rows' fp32 kernel applies
+    assert fp32 is None or "float32" in fp32
     assert "cuda" in packed_linear.unsupported_reason(torch.bfloat16, torch.device("cuda"))
     if WHY is not None:  # this CPU: oneDNN has no bf16 layout to pack into, and says so
         assert "native bf16" in WHY

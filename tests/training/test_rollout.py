@@ -411,6 +411,38 @@ def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
     assert after != before  # the repacked weights are the moved policy's
 
 
+def test_an_fp32_copy_through_the_fp32_kernel_samples_what_the_plain_copy_samples(tiny, monkeypatch):
+    """An fp32 copy whose Linear layers take small_rows' fp32 kernel (forced on here; auto where torch's kernels are
+    AVX2's), its decoding step compiled with the products that share an input grouped, draws the plain copy's tokens
+    with the same log-probs, and again after the policy moved in place (the copy shares its weights: nothing to
+    refresh). Where the kernel applies natively, it computed the step's products."""
+    monkeypatch.setattr(small_rows, "F32_AVX2", True)
+    model, tokenizer, prompts = tiny
+    rows = [p for p in prompts for _ in range(4)]  # 8 rows: MKL's blocked product, whose order the kernel repeats
+    eos = [tokenizer.eos_token_id]
+    plain = engine_for(model, tokenizer, eos, compile=True, prepack=False)
+    fast = engine_for(model, tokenizer, eos, compile=True)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert not plain.packed and len(fast.packed) == linears and fast.shared == plain.shared != set()
+
+    def draw(engine, seed):
+        torch.manual_seed(seed)
+        return engine.generate(rows)
+
+    before = draw(fast, 5)
+    assert before == draw(plain, 5) and fast.compiled
+    slots = {group for layer in fast.packed for group in packed_linear._GROUPS_WITH.get(layer.slot, ())}
+    spans = [span for slot in slots for (count, _), (_, span) in packed_linear._PLANS.get(slot, {}).items()
+             if count == len(rows)]
+    assert len(slots) == 2 * model.config.num_hidden_layers and spans
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        assert all(span is not None for span in spans)
+    with policy_moved(model, lambda p: p.mul_(1.5)):
+        after = draw(fast, 5)
+        assert after == draw(plain, 5)
+    assert after != before
+
+
 def test_the_autocast_copy_casts_what_autocast_casts_and_shares_the_rest(tiny):
     """train.rollout_dtype=autocast: every Linear weight a bf16 copy (the tied LM head one of its own), the
     embedding, norms and buffers the policy's own fp32 tensors; a refresh recasts the Linear weights in place."""
@@ -750,8 +782,6 @@ def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp
     ("train.rollout_is_cap=0.5", "train.rollout_is_cap=0.5 must be"),
     ("train.rollout_compile=maybe", "train.rollout_compile='maybe' is not valid"),
     ("train.rollout_prepack=maybe", "train.rollout_prepack='maybe' is not valid; choose one of: auto, true, false"),
-    ("train.rollout_prepack=true,train.rollout_dtype=fp32",
-     "train.rollout_prepack=true cannot be met here: train.rollout_dtype=fp32 makes an fp32 copy"),
     ("train.rollout_old_logps=vllm", "train.rollout_old_logps='vllm' is not valid; choose one of: auto, policy, sampler"),
     ("train.rollout_scoring=step", "train.rollout_scoring='step' is not valid; choose one of: round, batch"),
     ("train.rollout=engine,train.loss_type=vespo,train.rollout_is_mode=sequence_mask",
@@ -764,6 +794,20 @@ def test_bad_rollout_settings_fail_with_one_line(tmp_path, override, message):
     cfg = compose_cfg([*FAST, *override.split(",")], tmp_path)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         validate(cfg)
+
+
+@pytest.mark.parametrize("avx2", [True, False])
+def test_prepack_true_with_an_fp32_copy_is_refused_where_the_fp32_kernel_does_not_apply(tmp_path, monkeypatch, avx2):
+    """An fp32 copy's layers are swapped only for small_rows' fp32 kernel (torch's kernels AVX2's): asked for
+    elsewhere, one line before any model loads."""
+    monkeypatch.setattr(small_rows, "F32_AVX2", avx2)
+    cfg = compose_cfg([*FAST, "train.rollout_prepack=true", "train.rollout_dtype=fp32"], tmp_path)
+    if avx2:
+        validate(cfg)
+    else:
+        with pytest.raises(ConfigError, match=r"train.rollout_prepack=true cannot be met here: float32 weights \(.*"
+                                              r"AVX2's\); choose one of: auto, false"):
+            validate(cfg)
 
 
 # ------------------------------------------------------------------------------ scoring the round batch by batch
