@@ -21,7 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from grpo_exp.base import dist
-from grpo_exp.base.cpu import PRECISIONS, resolve_malloc, resolve_threads, resolve_wait_policy
+from grpo_exp.base.cpu import PRECISIONS, resolve_malloc, resolve_precision, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.log import LEVELS
 from grpo_exp.core import data
@@ -334,8 +334,6 @@ class TrainConfig:
             import torch
 
             from grpo_exp.core import packed_linear
-
-            from grpo_exp.base.cpu import resolve_precision
 
             # the copy's dtype as the engine picks it (training/rollout.py, copy_kind): auto is fp32 without native bf16
             fp32 = train.rollout_dtype == "fp32" or (train.rollout_dtype == "auto"

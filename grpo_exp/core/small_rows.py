@@ -199,17 +199,14 @@ F32_TARGET static void product(const float* xt, const float* w, float* y, const 
 }
 
 // y [M, ldy] (N columns from `column`) = x [M, K] @ w [N, K]^T, fp32: each output a chain of fused multiply-adds
-// over K from 0, per `span` terms, each span's sum added to those before
-extern "C" F32_TARGET void kernel(const float* x, const float* w, float* y, const int64_t M, const int64_t N,
-                                  const int64_t K, const int64_t ldy, const int64_t column, const int64_t span)
+// over K from 0, per `span` terms, each span's sum added to those before. xt: room for 16 * ceil(M / 16) * K floats
+extern "C" F32_TARGET void kernel(const float* x, const float* w, float* y, float* xt, const int64_t M,
+                                  const int64_t N, const int64_t K, const int64_t ldy, const int64_t column,
+                                  const int64_t span)
 {
     constexpr int64_t ROWS = 16;
     const int64_t RB = (M + ROWS - 1) / ROWS;
-    // x's columns, ROWS rows a group: xt[(rb * K + k) * ROWS + r] = x[rb * ROWS + r, k], 0 past the last row. Kept
-    // between calls: every word is written before the product reads it
-    static thread_local std::vector<float> buffer;
-    if (buffer.size() < static_cast<size_t>(RB * K * ROWS)) buffer.resize(RB * K * ROWS);
-    float* const xt = buffer.data();
+    // x's columns, ROWS rows a group: xt[(rb * K + k) * ROWS + r] = x[rb * ROWS + r, k], 0 past the last row
     for (int64_t rb = 0; rb < RB; ++rb)
         for (int64_t r = 0; r < ROWS; ++r) {
             const int64_t m = rb * ROWS + r;
@@ -232,9 +229,12 @@ def _kernel(dtype: torch.dtype):
     if dtype not in _compiled:
         from torch._inductor.codecache import CppPythonBindingsCodeCache
 
-        kind, source = ("at::BFloat16", _SOURCE) if dtype == torch.bfloat16 else ("float", _F32_SOURCE)
+        # the fp32 kernel lays the rows out in a buffer it is handed, freed after the call: one kept by the kernel
+        # would be a small block pinned in the heap wherever the first call found room
+        pointers = (["const at::BFloat16*", "const at::BFloat16*", "at::BFloat16*"] if dtype == torch.bfloat16
+                    else ["const float*", "const float*", "float*", "float*"])
         _compiled[dtype] = CppPythonBindingsCodeCache.load_pybinding(
-            [f"const {kind}*", f"const {kind}*", f"{kind}*"] + ["const int64_t"] * 6, source)
+            pointers + ["const int64_t"] * 6, _SOURCE if dtype == torch.bfloat16 else _F32_SOURCE)
     return _compiled[dtype]
 
 
@@ -261,8 +261,9 @@ def product(x: torch.Tensor, weights: list[torch.Tensor], span: int) -> torch.Te
         x = x.contiguous()
     y = x.new_empty(*x.shape[:-1], total)
     kernel, column = _kernel(x.dtype), 0
+    scratch = (x.new_empty(-(-rows // 16) * 16 * inputs),) if x.dtype == torch.float32 else ()
     for w in weights:
-        kernel(x, w, y, rows, w.shape[0], inputs, total, column, span)
+        kernel(x, w, y, *scratch, rows, w.shape[0], inputs, total, column, span)
         column += w.shape[0]
     return y
 
