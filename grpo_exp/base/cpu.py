@@ -8,6 +8,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import shutil
 import sys
 import warnings
 from typing import Any
@@ -167,3 +168,16 @@ def apply(cpu_cfg) -> dict:
     return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
             # as OpenMP read it when torch loaded (unset: OpenMP's default)
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "malloc": malloc}
+
+
+def compiler_missing() -> str | None:
+    """Why inductor cannot build C++ here (None when it can): the rollout engine's compiled decoding step and
+    grpo-exp's C++ kernels (core/small_rows.py, core/decode_softmax.py) are compiled by it."""
+    try:
+        import torch._inductor  # noqa: F401
+    except Exception as err:  # a stripped build
+        return f"torch._inductor is not importable ({err})"
+    cxx = os.environ.get("CXX")
+    if not any(shutil.which(c) for c in ([cxx] if cxx else []) + ["g++", "clang++"]):
+        return "no C++ compiler (g++ or clang++) on PATH"
+    return None

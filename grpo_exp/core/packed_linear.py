@@ -149,8 +149,13 @@ def unsupported_reason(dtype: torch.dtype, device: torch.device) -> str | None:
     if device.type != "cpu":
         return f"weights on {device.type}, not the CPU"
     if dtype == torch.float32:  # nothing laid out: small_rows' fp32 kernel, where it repeats MKL's products
-        return None if small_rows.F32_AVX2 else ("float32 weights (oneDNN packing is used for bf16; grpo-exp's "
-                                                 "fp32 kernel where torch's kernels are AVX2's)")
+        if not small_rows.F32_AVX2:
+            return "float32 weights (oneDNN packing is used for bf16; grpo-exp's fp32 kernel where torch's kernels " \
+                   "are AVX2's)"
+        from grpo_exp.base.cpu import compiler_missing
+
+        why = compiler_missing()
+        return f"float32 weights, whose kernel inductor cannot build here: {why}" if why else None
     if dtype != torch.bfloat16:
         return f"{str(dtype).replace('torch.', '')} weights (oneDNN packing is used for bf16)"
     if not torch.backends.mkldnn.is_available():

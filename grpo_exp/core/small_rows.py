@@ -287,23 +287,36 @@ def wide_range(*shape: int, generator: torch.Generator | None = None,
 
 
 def span_for(rows: int, weights: list[torch.Tensor], library_of) -> int | None:
-    """The span with which the kernel computes the library's product of these weights (`library_of(weights)(x)`:
-    oneDNN's for bf16, MKL's for fp32) bit for bit for `rows` rows of these weights' shapes, or None (a warning says
-    so): found once per shape, on these weights and random rows whose magnitudes span 2^-4..2^4, enough of them that
-    another order of the terms shows."""
+    """The span with which the kernel computes the library's product of weights of these shapes (`library_of(ws)(x)`:
+    oneDNN's for bf16, MKL's for fp32) bit for bit for `rows` rows, or None (a warning says so): found once per
+    shape, on random weights and rows whose magnitudes span 2^-4..2^4, enough of them that another order of the
+    terms shows. Not on the layer's own weights: weights all zero (a fresh LoRA B, say) or too even would let any
+    order pass, and the span found is kept for the shape."""
     key = (rows, weights[0].dtype, tuple(tuple(w.shape) for w in weights))
     if key not in _SPANS:
-        _SPANS[key] = _find_span(rows, weights, library_of(weights))
+        _SPANS[key] = _find_span(rows, weights, library_of)
     return _SPANS[key]
 
 
 _SPANS: dict[tuple, int | None] = {}
 
 
+def _random_like(weight: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """wide_range values in a weight's shape and dtype, made 4096 rows at a time (the LM head's whole draw would
+    take about 0.5 GB of temporaries)."""
+    out = torch.empty(weight.shape, dtype=weight.dtype)
+    for start in range(0, weight.shape[0], 4096):
+        part = out[start:start + 4096]
+        part.copy_(wide_range(*part.shape, generator=generator, dtype=weight.dtype))
+    return out
+
+
 @torch.no_grad()
-def _find_span(rows: int, weights: list[torch.Tensor], library) -> int | None:
-    inputs, outputs, dtype = weights[0].shape[1], sum(w.shape[0] for w in weights), weights[0].dtype
+def _find_span(rows: int, shapes: list[torch.Tensor], library_of) -> int | None:
+    inputs, outputs, dtype = shapes[0].shape[1], sum(w.shape[0] for w in shapes), shapes[0].dtype
     generator = torch.Generator().manual_seed(0)
+    weights = [_random_like(w, generator) for w in shapes]
+    library = library_of(weights)
     draws = max(1, min(16, 2**17 // (rows * outputs)))
     x = wide_range(draws, rows, inputs, generator=generator, dtype=dtype)
     expected = [library(x[i]) for i in range(draws)]

@@ -46,14 +46,13 @@ import contextlib
 import copy
 import functools
 import inspect
-import os
-import shutil
 import time
 from types import SimpleNamespace
 
 import torch
 
 from grpo_exp.base import log
+from grpo_exp.base.cpu import compiler_missing  # noqa: F401 (imported from here by tests and tools)
 from grpo_exp.core import attention, packed_linear, small_rows
 from grpo_exp.training import shared_prefix
 
@@ -127,18 +126,6 @@ def padded_logps(rows: list[list[float]], width: int, device) -> torch.Tensor:
             raise RuntimeError(f"a completion of {len(row)} tokens does not fit TRL's {width} completion positions")
         out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
     return out.to(device)
-
-
-def compiler_missing() -> str | None:
-    """Why torch.compile cannot build the CPU decoding step here (None when it can): inductor writes C++."""
-    try:
-        import torch._inductor  # noqa: F401
-    except Exception as err:  # a stripped build
-        return f"torch._inductor is not importable ({err})"
-    cxx = os.environ.get("CXX")
-    if not any(shutil.which(c) for c in ([cxx] if cxx else []) + ["g++", "clang++"]):
-        return "no C++ compiler (g++ or clang++) on PATH"
-    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -304,8 +291,6 @@ class RolloutEngine:
         if prepack is False:
             return []
         why = packed_linear.unsupported_reason(self.dtype, self.device)
-        if why is None and self.dtype == torch.float32 and self.device.type == "cpu":
-            why = compiler_missing()  # the fp32 layers are only for the kernel, which inductor's code cache builds
         if why:
             if prepack is True:
                 raise ValueError(f"train.rollout_prepack=true cannot be met: {why}")

@@ -80,6 +80,16 @@ def test_summed_without_mkls_span_the_lm_heads_outputs_differ():
     assert torch.equal(small_rows.product(x, weights, 192), _mkl(x, weights))
 
 
+def test_the_span_is_found_on_random_weights_not_the_layers_own(monkeypatch):
+    """Weights all zero (a fresh LoRA B) give zero outputs in any order of the terms: probed on them, every span would
+    pass and be kept for the shape. At 2 rows, where MKL takes its matrix-vector path and adds in another order,
+    span_for finds none for zero weights as for any others."""
+    monkeypatch.setattr(small_rows, "_SPANS", {})
+    zeros = [torch.zeros(200, 100)]
+    assert torch.equal(small_rows.product(torch.randn(2, 100), zeros, 100), torch.zeros(2, 200))
+    assert small_rows.span_for(2, zeros, lambda ws: lambda x: _mkl(x, ws)) is None
+
+
 def test_the_fp32_kernel_applies_where_torchs_kernels_are_avx2():
     assert small_rows.applies(torch.float32) == small_rows.F32_AVX2
     w = torch.zeros(8, 63)
@@ -115,7 +125,11 @@ def test_fp32_layers_give_the_plain_linears_outputs_bit_for_bit(monkeypatch, avx
         assert torch.equal(compiled(x), block(plain, x))
         assert len(packed_linear._GROUPS) == groups + 1  # q, k and v as one product
         plans = [plan for slot in packed_linear._GROUPS for plan in packed_linear._PLANS.get(slot, {}).values()]
-        assert any(span is not None for _, span in plans) == avx2  # where the kernel applies, it computed them
+        found = any(span is not None for _, span in plans)
+        if not avx2:
+            assert not found
+        elif torch.backends.cpu.get_cpu_capability() == "AVX2":  # MKL's AVX2 order: the kernel computed them
+            assert found
         for p in plain:
             p.weight.mul_(-0.5)
         assert torch.equal(compiled(x), block(plain, x))

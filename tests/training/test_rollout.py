@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grpo_exp.config.checks import validate
+from grpo_exp.base import cpu
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.core import attention, decode_softmax, models, packed_linear, small_rows
 from grpo_exp.training import rollout
@@ -796,17 +797,21 @@ def test_bad_rollout_settings_fail_with_one_line(tmp_path, override, message):
         validate(cfg)
 
 
-@pytest.mark.parametrize("avx2", [True, False])
-def test_prepack_true_with_an_fp32_copy_is_refused_where_the_fp32_kernel_does_not_apply(tmp_path, monkeypatch, avx2):
-    """An fp32 copy's layers are swapped only for small_rows' fp32 kernel (torch's kernels AVX2's): asked for
-    elsewhere, one line before any model loads."""
+@pytest.mark.parametrize("avx2,compiler", [(True, True), (False, True), (True, False)])
+def test_prepack_true_with_an_fp32_copy_is_refused_where_the_fp32_kernel_does_not_apply(tmp_path, monkeypatch, avx2,
+                                                                                        compiler):
+    """An fp32 copy's layers are swapped only for small_rows' fp32 kernel (torch's kernels AVX2's, a C++ compiler to
+    build it): asked for elsewhere, one line before any model loads."""
     monkeypatch.setattr(small_rows, "F32_AVX2", avx2)
+    if not compiler:
+        monkeypatch.setattr(cpu, "compiler_missing", lambda: "no C++ compiler (g++ or clang++) on PATH")
     cfg = compose_cfg([*FAST, "train.rollout_prepack=true", "train.rollout_dtype=fp32"], tmp_path)
-    if avx2:
+    if avx2 and compiler:
         validate(cfg)
     else:
-        with pytest.raises(ConfigError, match=r"train.rollout_prepack=true cannot be met here: float32 weights \(.*"
-                                              r"AVX2's\); choose one of: auto, false"):
+        why = r"AVX2's\)" if compiler else r"cannot build here: no C\+\+ compiler \(g\+\+ or clang\+\+\) on PATH"
+        with pytest.raises(ConfigError, match=r"train.rollout_prepack=true cannot be met here: float32 weights.*"
+                                              + why + r"; choose one of: auto, false"):
             validate(cfg)
 
 
