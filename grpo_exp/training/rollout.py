@@ -278,10 +278,9 @@ class RolloutEngine:
     def _packed_note(self) -> str:
         if not self.packed:
             return ""
-        if self.dtype == torch.float32:
-            return f" ({len(self.packed)} Linear layers: products of a few rows by grpo-exp's kernel, MKL's elsewhere)"
         how = "products of a few rows by grpo-exp's kernel, " if small_rows.applies(self.dtype) else ""
-        return f" ({len(self.packed)} Linear layers: {how}oneDNN's products packed once per refresh elsewhere)"
+        library = "MKL's" if self.dtype == torch.float32 else "oneDNN's products packed once per refresh"
+        return f" ({len(self.packed)} Linear layers: {how}{library} elsewhere)"
 
     def _pack_linears(self, prepack: bool | str) -> list:
         """The copy's Linear layers swapped for packed ones where `prepack` asks and the machine allows (auto: bf16
