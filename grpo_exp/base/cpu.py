@@ -75,6 +75,14 @@ def resolve_precision(precision: str) -> str:
     return "bf16" if native and not held_below_avx512 else "fp32"
 
 
+def native_dtype():
+    """The torch dtype `precision=auto` computes in: bf16 where the hardware computes it natively (CUDA with bf16,
+    AVX512-BF16, AMX), fp32 elsewhere, where bf16 is emulated and slower than fp32."""
+    import torch
+
+    return torch.bfloat16 if resolve_precision("auto") == "bf16" else torch.float32
+
+
 def prepare_env(cpu_cfg) -> None:
     """Environment that OpenMP and MKL read once, when torch loads: call it before `import torch`.
 

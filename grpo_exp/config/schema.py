@@ -21,7 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from grpo_exp.base import dist
-from grpo_exp.base.cpu import PRECISIONS, resolve_malloc, resolve_precision, resolve_threads, resolve_wait_policy
+from grpo_exp.base.cpu import PRECISIONS, native_dtype, resolve_malloc, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.log import LEVELS
 from grpo_exp.core import data
@@ -335,10 +335,11 @@ class TrainConfig:
 
             from grpo_exp.core import packed_linear
 
-            # the copy's dtype as the engine picks it (training/rollout.py, copy_kind): auto is fp32 without native bf16
-            fp32 = train.rollout_dtype == "fp32" or (train.rollout_dtype == "auto"
-                                                     and resolve_precision("auto") != "bf16")
-            why = packed_linear.unsupported_reason(torch.float32 if fp32 else torch.bfloat16, torch.device("cpu"))
+            # the Linear weights' dtype in the copy the engine makes (training/rollout.py, copy_kind): auto's copy is
+            # in the machine's native dtype; the bf16 and autocast copies hold bf16 weights
+            kind = train.rollout_dtype
+            dtype = native_dtype() if kind == "auto" else torch.float32 if kind == "fp32" else torch.bfloat16
+            why = packed_linear.unsupported_reason(dtype, torch.device("cpu"))
             require(why is None, f"train.rollout_prepack=true cannot be met here: {why}; choose one of: auto, false")
         # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set
         require(not (train.rollout in ("engine", "auto") and train.rollout_is_correction and train.loss_type == "vespo"

@@ -73,7 +73,7 @@ def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Ten
             plan = _plan(x, slot)
         if plan[1] is not None:
             return small_rows.product(x, plan[0], plan[1])
-    if x.dtype == torch.float32 and weight is _PENDING:  # fp32 weights are never laid out: torch's own product
+    if weight is _PENDING and not _lays_out(x.dtype):
         return _plain_product(slot, x, bias)
     if weight is _PENDING:
         weight = _reorder(slot)
@@ -83,6 +83,12 @@ def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Ten
 
 
 _LIB.impl("packed_linear", packed_linear, "CPU")
+
+
+def _lays_out(dtype: torch.dtype) -> bool:
+    """Whether weights of this dtype are laid out for oneDNN: bf16's are (a plain bf16 product reorders the weight on
+    every call); fp32's never are, since torch's fp32 product is MKL's, from the plain weight."""
+    return dtype != torch.float32
 
 # slot -> (rows, dtype) -> (the slot's plain weights, small_rows' span for them), the span None where the kernel does
 # not apply (oneDNN's product then): worked out at a slot's first product, and dropped when the slot is packed again
@@ -205,8 +211,7 @@ class PackedLinear(torch.nn.Linear):
         group's first use (and its own, if it is used alone)."""
         _drop_groups_of(self.slot)
         _PACKED[self.slot] = _PENDING
-        if (self.slot not in _GROUPS_WITH and self.weight.dtype != torch.float32  # fp32: nothing is laid out
-                and not small_rows.applies(self.weight.dtype)):
+        if self.slot not in _GROUPS_WITH and _lays_out(self.weight.dtype) and not small_rows.applies(self.weight.dtype):
             _reorder(self.slot)
 
     def unpack(self) -> None:

@@ -52,7 +52,7 @@ from types import SimpleNamespace
 import torch
 
 from grpo_exp.base import log
-from grpo_exp.base.cpu import compiler_missing  # noqa: F401 (imported from here by tests and tools)
+from grpo_exp.base.cpu import compiler_missing, native_dtype  # noqa: F401 (imported from here by tests and tools)
 from grpo_exp.core import attention, packed_linear, small_rows
 from grpo_exp.training import shared_prefix
 
@@ -65,14 +65,6 @@ SAMPLERS = ("cdf", "multinomial")
 OLD_LOGPS = ("auto", "policy", "sampler")  # train.rollout_old_logps
 # the cache length is rounded up to this, so prompts of slightly different lengths reuse one compiled step
 _CACHE_BUCKET = 64
-
-
-def native_dtype() -> torch.dtype:
-    """bf16 where the hardware computes it natively (CUDA with bf16, AVX512-BF16, AMX); fp32 elsewhere, where
-    bf16 is emulated and slower than fp32."""
-    from grpo_exp.base.cpu import resolve_precision
-
-    return torch.bfloat16 if resolve_precision("auto") == "bf16" else torch.float32
 
 
 def resolve(choice: str) -> str:
