@@ -17,8 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the default) picks as train.precision=auto does (bf16 where the CPU has it natively). "
                         "The engine always decodes in the machine's native dtype")
     p.add_argument("--prepack", default="auto", choices=["auto", "true", "false"],
-                   help="--path engine: the copy's Linear weights packed for oneDNN once per round "
-                        "(train.rollout_prepack; auto: where the copy is bf16 and the CPU computes bf16 natively)")
+                   help="--path engine: the copy's Linear products through grpo-exp's op (train.rollout_prepack; "
+                        "auto: a bf16 copy where the CPU computes bf16 natively, an fp32 copy where torch's kernels "
+                        "are AVX2's; false: the plain Linear layers)")
     p.add_argument("--attention-decode", default="cache_axis", choices=["cache_axis", "last_axis"],
                    help="--path engine: how the copy's grouped attention lays out a decoding step's scores "
                         "(train.attention_decode; default cache_axis)")
