@@ -1,6 +1,7 @@
 """`python scripts/logprob_head_time.py [--device cuda] [--tokens N]`: the LM head's per-token log-probs and
-entropies, forward and backward under bf16 autocast, with TRL's kernel and with the autocast head
-(`train.logprob_kernel`), at the default model's shapes (2048 tokens, hidden 576, vocabulary 49152). Prints each
+entropies, forward and backward under bf16 autocast (or in fp32, as training runs without native bf16:
+`--precision fp32`), with TRL's kernel and with the autocast head (`train.logprob_kernel`), at the default model's
+shapes (2048 tokens, hidden 576, vocabulary 49152). Prints each
 kernel's medians (forward, backward, both) over timed repeats, two rounds in alternation. This is what
 `train.logprob_kernel=auto` was decided on for CUDA. On a CPU it runs under grpo-exp's memory policy (`cpu.malloc`
 auto, as training does: without it each fresh 50 MB block faults its pages in) and times the head alone; grpo-bench
@@ -27,14 +28,14 @@ def _now(device: str) -> float:
     return time.perf_counter()
 
 
-def time_kernel(kernel: str, hidden, weight, targets, device: str, repeats: int,
-                warmup: int) -> tuple[float, float, float]:
+def time_kernel(kernel: str, hidden, weight, targets, device: str, repeats: int, warmup: int,
+                autocast: bool = True) -> tuple[float, float, float]:
     """Median milliseconds of the forward, the backward, and both, through `kernel`."""
     times = []
     for _ in range(warmup + repeats):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         start = _now(device)
-        with torch.autocast(device, dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
             logps, entropy = logprob_head.logprobs(h, w, None, targets, 0.7, True, kernel)
         middle = _now(device)
         logps.sum().backward()  # the entropy is computed for logging, as in training: no gradient
@@ -50,6 +51,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
+                        help="bf16: under bf16 autocast, as bf16 training runs (the default); fp32: no autocast")
     args = parser.parse_args()
     if args.tokens < 1 or args.repeats < 1 or args.warmup < 0:
         parser.error(f"--tokens {args.tokens}, --repeats {args.repeats}, --warmup {args.warmup}: "
@@ -62,9 +65,11 @@ def main() -> None:
     weight = (torch.randn(49152, 576, generator=gen) * 0.05).to(args.device)
     targets = torch.randint(0, 49152, (args.tokens,), generator=gen).to(args.device)
     for kernel in ("trl", "autocast", "trl", "autocast"):
-        forward, backward, both = time_kernel(kernel, hidden, weight, targets, args.device, args.repeats, args.warmup)
-        logger.info("%s on %s, %d tokens: median %.2f ms (forward %.2f, backward %.2f) over %d (%d warm-up)", kernel,
-                    args.device, args.tokens, both, forward, backward, args.repeats, args.warmup)
+        forward, backward, both = time_kernel(kernel, hidden, weight, targets, args.device, args.repeats, args.warmup,
+                                              autocast=args.precision == "bf16")
+        logger.info("%s on %s, %s, %d tokens: median %.2f ms (forward %.2f, backward %.2f) over %d (%d warm-up)",
+                    kernel, args.device, args.precision, args.tokens, both, forward, backward, args.repeats,
+                    args.warmup)
 
 
 if __name__ == "__main__":

@@ -126,8 +126,7 @@ class GrpoExpTrainer(GRPOTrainer):
         # figures measured outside the step (held-out accuracy): merged into the next log row
         self.pending_logs: dict = {}
         self.share_prefixes = share_prefixes
-        self.logprob_kernel = logprob_head.resolve(logprob_kernel, bf16=self.args.bf16,
-                                                   device=self.accelerator.device.type)
+        self.logprob_kernel = logprob_head.resolve(logprob_kernel, device=self.accelerator.device.type)
         if share_prefixes:
             why_not = shared_prefix.unsupported_reason(self.model) or (
                 "train.extra.cast_lm_head_to_fp32" if self.args.cast_lm_head_to_fp32 else None)

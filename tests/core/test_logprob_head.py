@@ -102,19 +102,19 @@ def test_bf16_autocast_gradients_are_as_close_as_trls():
         assert ours[i].dtype == torch.float32
 
 
-def test_auto_picks_the_autocast_kernel_only_under_bf16_on_a_cpu():
-    assert logprob_head.resolve("auto", bf16=True) == "autocast"
-    assert logprob_head.resolve("auto", bf16=True, device="cpu") == "autocast"
-    assert logprob_head.resolve("auto", bf16=False) == "trl"  # fp32: the kernel the fp32 figures were measured with
-    assert logprob_head.resolve("auto", bf16=True, device="cuda") == "trl"  # CUDA has TRL's fp32-output GEMM
-    assert logprob_head.resolve("autocast", bf16=True, device="cuda") == "autocast"
-    assert logprob_head.resolve("trl", bf16=True) == "trl"
-    assert logprob_head.resolve("autocast", bf16=False) == "autocast"
+def test_auto_picks_this_kernel_on_a_cpu_and_trls_on_cuda():
+    assert logprob_head.resolve("auto") == "autocast"
+    assert logprob_head.resolve("auto", device="cpu") == "autocast"  # under bf16 autocast and in fp32 alike
+    assert logprob_head.resolve("auto", device="cuda") == "trl"  # CUDA has TRL's fp32-output GEMM
+    assert logprob_head.resolve("autocast", device="cuda") == "autocast"
+    assert logprob_head.resolve("trl") == "trl"
 
 
-def test_the_backward_uses_the_forwards_products_with_the_same_gradients(monkeypatch):
-    """Under autocast the forward keeps each block's logits product for the backward: the backward then makes no
-    product of its own, and every gradient equals, bit for bit, the one from products computed again."""
+@pytest.mark.parametrize("autocast", [True, False], ids=["bf16_autocast", "fp32"])
+def test_the_backward_uses_the_forwards_products_with_the_same_gradients(monkeypatch, autocast):
+    """The forward keeps each block's logits product for the backward, under bf16 autocast and in fp32: the backward
+    then makes no product of its own, and every gradient equals, bit for bit, the one from products computed
+    again."""
     hidden, weight, b, targets, gl, ge = inputs(seed=4)
     products = []
     real = logprob_head._product
@@ -129,7 +129,7 @@ def test_the_backward_uses_the_forwards_products_with_the_same_gradients(monkeyp
     for keep in (True, False):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         bb = b.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logps, entropy = logprob_head.AutocastLogProbHead.apply(h, w, bb, targets, 0.7, True, keep)
         assert len(products) == blocks
         products.clear()
