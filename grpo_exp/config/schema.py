@@ -238,9 +238,8 @@ class TrainConfig:
     # gradient GEMMs in the autocast dtype as for every other layer, fp32 without autocast; a 25% shorter default
     # step with native bf16; in fp32 a lower memory peak and a step up to 1.2x as fast; README, Performance), or
     # auto (autocast on a CPU, trl on CUDA; the default under bf16 since 2026-11-27: seeds 42, 1, 3 and 2 of the
-    # default run
-    # scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl; in fp32 since
-    # 2026-11-29: README, "How the default was chosen")
+    # default run scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl;
+    # in fp32 since 2026-11-29: README, "How the default was chosen")
     logprob_kernel: str = "auto"
     # What the training forward keeps for its backward under bf16 autocast: lean (core/lean_saved.py: each Linear
     # weight's bf16 cast is made again in the backward instead of held from the forward, an activation cast for
