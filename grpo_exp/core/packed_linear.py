@@ -40,6 +40,7 @@ import weakref
 
 import torch
 
+from grpo_exp.base import cpu
 from grpo_exp.core import small_rows
 
 # slot -> the oneDNN-reordered weight of one PackedLinear (or of a group), or _PENDING: reordered from the layer's
@@ -89,6 +90,7 @@ def _lays_out(dtype: torch.dtype) -> bool:
     """Whether weights of this dtype are laid out for oneDNN: bf16's are (a plain bf16 product reorders the weight on
     every call); fp32's never are, since torch's fp32 product is MKL's, from the plain weight."""
     return dtype != torch.float32
+
 
 # slot -> (rows, dtype) -> (the slot's plain weights, small_rows' span for them), the span None where the kernel does
 # not apply (oneDNN's product then): worked out at a slot's first product, and dropped when the slot is packed again
@@ -158,18 +160,14 @@ def unsupported_reason(dtype: torch.dtype, device: torch.device) -> str | None:
         if not small_rows.F32_AVX2:
             return "float32 weights (oneDNN packing is used for bf16; grpo-exp's fp32 kernel where torch's kernels " \
                    "are AVX2's)"
-        from grpo_exp.base.cpu import compiler_missing
-
-        why = compiler_missing()
+        why = cpu.compiler_missing()
         return f"float32 weights, whose kernel inductor cannot build here: {why}" if why else None
     if dtype != torch.bfloat16:
         return f"{str(dtype).replace('torch.', '')} weights (oneDNN packing is used for bf16)"
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN"
     # oneDNN reports bf16 support on any AVX-512 CPU, emulated or not; the training's own test is stricter
-    from grpo_exp.base.cpu import resolve_precision
-
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported() or resolve_precision("auto") != "bf16":
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported() or cpu.resolve_precision("auto") != "bf16":
         return "the CPU has no native bf16 for oneDNN to pack into"
     return None
 
