@@ -1,5 +1,6 @@
 """Guards on a run directory: one run at a time (an advisory lock), and a resume that trains what the
-run was started with (its training settings are recorded at the first start and compared on resume)."""
+run was started with (its training settings, and what each `auto` among them resolved to on that machine and
+grpo-exp version, are recorded at the first start and compared on resume)."""
 
 from __future__ import annotations
 
@@ -62,8 +63,39 @@ class RunLock:
             self._fh = None
 
 
+# the record's key holding what `<key>=auto` (or any other value) resolved to, e.g. resolved.train.precision
+RESOLVED = "resolved."
+
+
+def resolved_choices(cfg: Any) -> dict[str, str]:
+    """What each machine-dependent choice of the training settings resolves to in this process (this machine
+    and this grpo-exp version): `auto` picks bf16 or fp32, the engine or TRL's generate, a kernel, by
+    hardware, and a later version may pick otherwise. The copy's kind and the old log-probs' source only
+    where the engine samples."""
+    import torch
+
+    from grpo_exp.base.cpu import resolve_precision
+    from grpo_exp.core import attention, lean_saved, logprob_head
+    from grpo_exp.training import rollout
+
+    train = cfg.train
+    precision = resolve_precision(train.precision)
+    out = {"train.precision": precision, "train.rollout": rollout.resolve(train.rollout),
+           "train.attention": attention.resolve(train.attention),
+           "train.logprob_kernel": logprob_head.resolve(train.logprob_kernel,
+                                                        "cuda" if torch.cuda.is_available() else "cpu"),
+           "train.saved_tensors": lean_saved.resolve(train.saved_tensors, bf16=precision == "bf16",
+                                                     checkpointing=bool(train.gradient_checkpointing))}
+    if out["train.rollout"] == "engine":
+        out["train.rollout_dtype"] = rollout.copy_kind(train.rollout_dtype)
+        out["train.rollout_old_logps"] = rollout.old_logps_source(train.rollout_old_logps, train.rollout_dtype,
+                                                                  train.precision)
+    return out
+
+
 def training_settings(cfg: Any) -> dict[str, Any]:
-    """The resolved config, flattened to dotted keys, without the keys that may change on resume."""
+    """The resolved config, flattened to dotted keys, without the keys that may change on resume, and what
+    each machine-dependent choice resolved to (`resolved.<key>`)."""
     flat: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -74,7 +106,8 @@ def training_settings(cfg: Any) -> dict[str, Any]:
             flat[prefix[:-1]] = node
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return {k: v for k, v in flat.items() if not k.startswith(FREE_ON_RESUME)}
+    settings = {k: v for k, v in flat.items() if not k.startswith(FREE_ON_RESUME)}
+    return {**settings, **{RESOLVED + k: v for k, v in resolved_choices(cfg).items()}}
 
 
 def record_or_compare(cfg: Any, run_dir: Path) -> None:
@@ -85,11 +118,7 @@ def record_or_compare(cfg: Any, run_dir: Path) -> None:
     if not cfg.resume or not path.is_file():
         write_json(path, now)
         return
-    then = json.loads(path.read_text())
-    # options added to the schema after the run started, left at what the run did without them, train as it did
-    newer = {k for k in set(now) - set(then) if BEFORE_THE_OPTION.get(k, _schema_default(k)) == now[k]}
-    changed = [f"{k} ({then.get(k, '<unset>')!r} -> {now.get(k, '<unset>')!r})"
-               for k in sorted((set(then) | set(now)) - newer) if then.get(k) != now.get(k)]
+    changed = differences(json.loads(path.read_text()), now)
     if not changed:
         return
     if cfg.get("resume_allow_changes"):
@@ -98,6 +127,26 @@ def record_or_compare(cfg: Any, run_dir: Path) -> None:
         return
     raise ConfigError(f"resume would train other settings than {run_dir} was started with: {'; '.join(changed)}; "
                       f"resume with the run's own settings, or add resume_allow_changes=true")
+
+
+def differences(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Each training setting that differs between the record `then` and `now`, as `key (then -> now)`.
+
+    A choice both records resolved is compared by what it resolved to: `auto` that picked bf16 at the start and
+    fp32 here (another machine) is a change, and naming the value it picked (train.precision=bf16) is not. A
+    record from before resolved choices were kept compares the values as given."""
+    resolved = {k[len(RESOLVED):] for k in then if k.startswith(RESOLVED) and k in now}
+    changed = [f"{k} ({then[k]!r} resolved to {then[RESOLVED + k]!r} at the start -> {now[k]!r} resolves to "
+               f"{now[RESOLVED + k]!r} here; {k}={then[RESOLVED + k]} trains as it started)"
+               for k in sorted(resolved) if then[RESOLVED + k] != now[RESOLVED + k]]
+    plain = {k for k in set(then) | set(now) if not k.startswith(RESOLVED) and k not in resolved}
+    # options added to the schema after the run started, left at (or resolving to) what the run did without
+    # them, train as it did
+    newer = {k for k in plain - set(then)
+             if BEFORE_THE_OPTION.get(k, _schema_default(k)) in (now[k], now.get(RESOLVED + k, _NO_DEFAULT))}
+    changed += [f"{k} ({then.get(k, '<unset>')!r} -> {now.get(k, '<unset>')!r})"
+                for k in sorted(plain - newer) if then.get(k) != now.get(k)]
+    return changed
 
 
 _NO_DEFAULT = object()

@@ -383,7 +383,7 @@ def test_resume_of_a_run_older_than_an_option_left_at_its_default(tmp_path):
     from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
 
     cfg = compose_cfg(["debug=smoke"], tmp_path)
-    recorded = {k: v for k, v in training_settings(cfg).items() if k != "train.rollout"}
+    recorded = {k: v for k, v in training_settings(cfg).items() if k != "train.rollout" and not k.startswith("resolved.")}
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
     record_or_compare(compose_cfg(["debug=smoke", "resume=true", "train.rollout=trl"], tmp_path), tmp_path)
     for choice in ("auto", "engine"):
@@ -400,8 +400,53 @@ def test_resume_of_a_run_older_than_an_option_whose_default_changed(tmp_path, ke
     as today's default `auto`: naming that behaviour resumes it, the default is a change."""
     from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
 
-    recorded = {k: v for k, v in training_settings(compose_cfg(["debug=smoke"], tmp_path)).items() if k != key}
+    recorded = {k: v for k, v in training_settings(compose_cfg(["debug=smoke"], tmp_path)).items()
+                if k != key and not k.startswith("resolved.")}  # such a record kept no resolved choices
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
     record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"{key}={before}"], tmp_path), tmp_path)
     with pytest.raises(ConfigError, match=rf"{key} \('<unset>' -> 'auto'\)"):
         record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
+
+
+def test_a_resume_compares_what_each_auto_resolved_to(tmp_path):
+    """`auto` picks by machine and version: the record keeps what each choice resolved to at the start, and a
+    resume where the same setting resolves otherwise (another machine kind, a newer default) is a change, named
+    with the value that trains as the run started; naming that value resumes."""
+    from grpo_exp.base.cpu import resolve_precision
+    from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, resolved_choices
+
+    cfg = compose_cfg(["debug=smoke"], tmp_path)
+    record_or_compare(cfg, tmp_path)
+    recorded = json.loads((tmp_path / SETTINGS_FILE).read_text())
+    here = resolve_precision("auto")
+    assert recorded["train.precision"] == "auto" and recorded["resolved.train.precision"] == here
+    assert {f"resolved.{k}": v for k, v in resolved_choices(cfg).items()}.items() <= recorded.items()
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)  # the same machine
+    # started where auto picked the other precision and the other log-prob kernel (another machine, an older
+    # version)
+    other = {"bf16": "fp32", "fp32": "bf16"}[here]
+    kernel = recorded["resolved.train.logprob_kernel"]
+    other_kernel = {"trl": "autocast", "autocast": "trl"}[kernel]
+    there = resolved_choices(compose_cfg(["debug=smoke", f"train.precision={other}",
+                                          f"train.logprob_kernel={other_kernel}"], tmp_path))
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps({**{k: v for k, v in recorded.items()
+                                                         if not k.startswith("resolved.")},
+                                                      **{f"resolved.{k}": v for k, v in there.items()}}))
+    with pytest.raises(ConfigError) as info:
+        record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert (f"train.precision ('auto' resolved to '{other}' at the start -> 'auto' resolves to '{here}' here; "
+            f"train.precision={other} trains as it started)") in message
+    assert f"train.logprob_kernel={other_kernel} trains as it started" in message
+    assert "train.attention" not in message  # resolved alike: not a change
+    # naming what auto picked at the start is no change, though the value as given differs ('auto' -> 'trl')
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"train.precision={other}",
+                                   f"train.logprob_kernel={other_kernel}"], tmp_path), tmp_path)
+    with pytest.raises(ConfigError, match="train.precision") as info:  # naming one leaves the other's change
+        record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"train.logprob_kernel={other_kernel}"],
+                                      tmp_path), tmp_path)
+    assert "train.logprob_kernel" not in str(info.value)
+    # resume_allow_changes goes on, and records what this process resolved
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true", "resume_allow_changes=true"], tmp_path), tmp_path)
+    assert json.loads((tmp_path / SETTINGS_FILE).read_text())["resolved.train.precision"] == here
