@@ -7,6 +7,7 @@
     grpo-bench --candidate passive=cpu.omp_wait_policy=passive --candidate trl_passive=kind=trl,env.OMP_WAIT_POLICY=PASSIVE
     grpo-bench --reward-curve-steps 30           # + reward per step of both variants (bench.json, PNG)
     grpo-bench --baseline fp32 --baseline trl-defaults --candidate engine=train.rollout=engine
+    grpo-bench --rounds 3                        # each variant 3 times, in alternating order: ratios per round
 
 Variants, each in its own subprocess (so its peak RSS, the child's ru_maxrss, is its own):
   baseline  a plain `trl.GRPOTrainer` built from `trl.GRPOConfig` with TRL's defaults as the older CPU tools run
@@ -39,6 +40,11 @@ machine's fastest GEMM dtype (2 bytes for bf16, else 4), B the rows of a generat
 longest completion of the round (TRL's completions/max_length), and peak the fastest GEMM dtype's. Attention, norms
 and the optimizer are left out, so the floor is a lower bound; each variant's mean step time is printed as a
 multiple of it.
+
+--rounds N runs the whole set N times, the order reversed every other round (A B C, C B A, A B C), so a slow
+phase of a shared or virtual machine falls on neighbours rather than on one variant. A variant's figures pool
+its rounds' measured steps (peak RSS: its highest round); bench.md's Rounds table gives each round's tokens/s and
+each variant's ratio to every baseline in the same round, with their median, lowest and highest.
 
 Each step also counts the child's minor page faults (pages the kernel mapped in, zero-filled when new: memory the
 allocator gave back and took again; cpu.malloc), reported per measured step.
@@ -95,16 +101,18 @@ def common_overrides(args) -> list[str]:
     return out
 
 
-def run_child(name: str, spec: dict, out_dir: Path) -> dict:
-    """Run one variant in a subprocess; its own peak RSS comes from wait4's rusage of that child."""
-    child_dir = out_dir / name
+def run_child(name: str, spec: dict, out_dir: Path, round_no: int | None = None) -> dict:
+    """Run one variant in a subprocess; its own peak RSS comes from wait4's rusage of that child. With
+    `round_no` (--rounds > 1) it writes into <out>/<name>/round_<n>/."""
+    child_dir = out_dir / name if round_no is None else out_dir / name / f"round_{round_no}"
     child_dir.mkdir(parents=True, exist_ok=True)
     spec = {**spec, "name": name, "dir": str(child_dir)}
     (child_dir / "spec.json").write_text(json.dumps(spec, indent=2))
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "MKL_NUM_THREADS": str(spec["threads"]),
            "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     env.update(spec.get("env") or {})
-    print(f"\n[bench] === {name} ({spec['kind']}{': ' + ' '.join(spec['overrides']) if spec['overrides'] else ''}"
+    print(f"\n[bench] === {name}{'' if round_no is None else f' (round {round_no})'} "
+          f"({spec['kind']}{': ' + ' '.join(spec['overrides']) if spec['overrides'] else ''}"
           f"{' env ' + str(spec.get('env')) if spec.get('env') else ''})",
           flush=True)
     started = time.time()
@@ -150,6 +158,44 @@ def summarize_steps(result: dict) -> dict:
             gen_steps = [p for p in measured if p.get("generation", 0) > 0]
             out["profile_generating_step_s"] = {k: round(v, 3) for k, v in gen_steps[0].items()} if gen_steps else None
     return out
+
+
+def merge_rounds(runs: list[dict]) -> dict:
+    """One variant's result over its rounds (--rounds): the measured steps of every round pooled (tokens/s is
+    their tokens over their time, the medians theirs), the highest peak RSS of any round with that round's parts,
+    the reward curve of the first round, and each round's own figures under `rounds`."""
+    if len(runs) == 1:
+        return runs[0]
+    per_round = [{k: r.get(k) for k in ROUND_KEYS} for r in runs]
+    failed = [r for r in runs if r.get("status") != "ok"]
+    if failed:
+        return {**failed[0], "rounds": per_round}
+    top = max(runs, key=lambda r: r["peak_rss_mb"])
+    merged = {**runs[0], "steps": [s for r in runs for s in r["steps"]],
+              "peak_rss_mb": top["peak_rss_mb"], "peak_rss_part": top.get("peak_rss_part"),
+              "peak_rss_rise_mb": top.get("peak_rss_rise_mb"), "child_vmhwm_mb": top.get("child_vmhwm_mb"),
+              "wall_s": round(sum(r["wall_s"] for r in runs), 1)}
+    if runs[0].get("profile_steps"):
+        merged["profile_steps"] = [p for r in runs for p in r["profile_steps"]]
+    merged.update(summarize_steps(merged))
+    merged.update(reward_curve=runs[0]["reward_curve"], rounds=per_round)
+    return merged
+
+
+# each round's own figures, kept beside the pooled ones
+ROUND_KEYS = ("status", "step_time_s_median", "step_time_s_mean", "completion_tokens_per_s", "peak_rss_mb", "wall_s")
+
+
+def round_ratios(base: dict, other: dict) -> dict | None:
+    """`other`'s completion tokens/s over `base`'s round by round (each pair ran within minutes of each other, so
+    a slow phase of the machine falls on both), with their median, lowest and highest."""
+    pairs = [(b.get("completion_tokens_per_s"), o.get("completion_tokens_per_s"))
+             for b, o in zip(base.get("rounds") or [], other.get("rounds") or [])]
+    values = [round(o / b, 3) for b, o in pairs if b and o]
+    if not values:
+        return None
+    return {"completion_tokens_per_s": values, "median": round(statistics.median(values), 3),
+            "min": min(values), "max": max(values)}
 
 
 def ratios(base: dict, other: dict) -> dict:
@@ -279,7 +325,7 @@ def run(args) -> int:
             raise SystemExit(f"--candidate {name}: a kind=trl variant takes only env.* items, not {overrides}")
         variants[name] = {**base_spec, "kind": kind, "overrides": overrides, "env": env}
 
-    results = {name: run_child(name, spec, out_dir) for name, spec in variants.items()}
+    results = run_rounds(variants, out_dir, args.rounds)
     for res in results.values():
         if res.get("status") == "ok":
             res["floor"] = step_floor(res, limits)
@@ -288,6 +334,7 @@ def run(args) -> int:
                  for b in baseline_names if results[b].get("status") == "ok"}
     # ratios against the first baseline asked for (the fp32 one unless only trl-defaults was)
     ratio_of = ratios_vs.get(baseline_names[0], {}) if baseline_names else {}
+    rounds_vs = {b: {n: round_ratios(results[b], r) for n, r in results.items()} for b in ratios_vs}
     report = {
         "command": " ".join(["grpo-bench", *sys.argv[1:]]),
         "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
@@ -300,6 +347,9 @@ def run(args) -> int:
         "ratios_vs": ratios_vs,
         "floor": {n: r.get("floor") for n, r in results.items() if r.get("floor")},
     }
+    if args.rounds > 1:
+        report["round_order"] = round_orders(list(variants), args.rounds)
+        report["round_ratios_vs"] = rounds_vs
     if args.reward_curve_steps:
         report["reward_curves"] = {n: r.get("reward_curve") for n, r in results.items()}
         if plot_rewards(results, out_dir / "reward_curve.png"):
@@ -311,15 +361,55 @@ def run(args) -> int:
           f"Machine: {report['machine']}; GEMM peak fp32 {limits['gemm_gflops']['fp32']:.0f} / bf16 "
           f"{limits['gemm_gflops']['bf16']:.0f} GFLOP/s, memory read {limits['read_gb_s']:.1f} GB/s "
           f"({args.threads} threads)\n", main_table, ""]
+    rounds_md = rounds_table(results, rounds_vs, round_orders(list(variants), args.rounds)) if args.rounds > 1 else ""
+    if rounds_md:
+        md += ["## Rounds\n", rounds_md, ""]
     prof = profile_table(results)
     if prof:
         md += ["## Profile\n", prof, ""]
     (out_dir / "bench.md").write_text("\n".join(md) + "\n")
     print("\n" + main_table)
+    if rounds_md:
+        print("\n" + rounds_md)
     if prof:
         print("\n" + prof)
     print(f"\n[bench] wrote {out_dir / 'bench.json'} and bench.md")
     return 0 if all(r.get("status") == "ok" for r in results.values()) else 1
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The order the variants run in, round by round: as given, then reversed, and so on (A B C, C B A, A B C), so
+    that over an even number of rounds no variant always runs first, in the machine's freshest (or slowest)
+    minutes."""
+    return [names if r % 2 == 0 else names[::-1] for r in range(rounds)]
+
+
+def run_rounds(variants: dict, out_dir: Path, rounds: int, runner=None) -> dict:
+    """Every variant's result, over `rounds` rounds of one child each (merge_rounds), in round_orders' order;
+    `runner` runs one child (run_child)."""
+    runner = runner or run_child
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    for r, names in enumerate(round_orders(list(variants), rounds), start=1):
+        for name in names:
+            runs[name].append(runner(name, variants[name], out_dir, r if rounds > 1 else None))
+    return {name: merge_rounds(found) for name, found in runs.items()}
+
+
+def rounds_table(results: dict, rounds_vs: dict, orders: list[list[str]]) -> str:
+    """Each variant's tokens/s round by round, and its ratio to each baseline in the same round."""
+    n = len(orders)
+    head = ("| variant | " + " | ".join(f"round {r + 1} tok/s" for r in range(n))
+            + "".join(f" | vs {b} per round | vs {b} median [lowest, highest]" for b in rounds_vs) + " |")
+    lines = [f"Order: {'; '.join(', '.join(o) for o in orders)}.\n", head, "|---" * (head.count("|") - 1) + "|"]
+    for name, res in results.items():
+        cells = [fmt(r.get("completion_tokens_per_s"), 1) for r in res.get("rounds") or []]
+        cells += ["-"] * (n - len(cells))
+        for b in rounds_vs:
+            rr = rounds_vs[b].get(name)
+            cells += ([", ".join(fmt(v) for v in rr["completion_tokens_per_s"]),
+                       f"{fmt(rr['median'])} [{fmt(rr['min'])}, {fmt(rr['max'])}]"] if rr else ["-", "-"])
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def machine_limits(threads: int, size: int = 1536, reps: int = 3) -> dict:

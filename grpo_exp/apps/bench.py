@@ -41,12 +41,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fixed-length", action="store_true",
                    help="every completion runs to --max-completion-length (no EOS before it, in every variant): "
                         "the same tokens per step everywhere, so tokens/s compares speed alone")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every variant this many times, in alternating order (A B C, C B A, ...); tokens/s pools "
+                        "the rounds' measured steps, and bench.md adds each round's tokens/s and ratios against the "
+                        "baselines of the same round, with their median and range (default 1)")
     p.add_argument("--reward-curve-steps", type=int, default=0,
                    help="run every variant for this many steps and plot reward per step (e.g. 30)")
     p.add_argument("--out", default=None, help="output directory (default outputs/bench/<timestamp>)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for key in ("steps", "prompts_per_step", "threads", "max_completion_length"):
+    for key in ("steps", "prompts_per_step", "threads", "max_completion_length", "rounds"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1")
     if args.warmup < 0 or args.num_generations < 2 or args.reward_curve_steps < 0:

@@ -118,3 +118,59 @@ def test_beta_reaches_every_variant_of_the_bench(tmp_path):
 
     assert compose(common_overrides(parse_args([])), tmp_path).train.beta == 0.04  # conf/stage/basic.yaml
     assert compose(common_overrides(parse_args(["--beta", "0"])), tmp_path).train.beta == 0.0
+
+
+def child_result(name: str, step_s: list[float], tokens: float, rss: float) -> dict:
+    """What run_child returns for one round of a variant: measured steps of `tokens` tokens each."""
+    res = {"name": name, "status": "ok", "prompts_per_step": 2, "wall_s": 10.0, "peak_rss_mb": rss,
+           "peak_rss_part": "backward", "peak_rss_rise_mb": {"setup": rss / 2, "backward": rss / 2},
+           "child_vmhwm_mb": rss, "steps": [{"measured": True, "tokens": tokens, "time_s": t, "reward": t}
+                                            for t in step_s],
+           "profile_steps": [{"generation": t / 2, "step": t} for t in step_s]}
+    res.update(bench.summarize_steps(res))
+    return res
+
+
+def test_rounds_run_in_alternating_order_and_pool_their_steps(tmp_path):
+    """--rounds: A B, B A, A B; a variant's steps pooled over its rounds, its highest peak RSS, its first round's
+    reward curve, and ratios to the baseline taken round by round."""
+    speeds = {("baseline", 1): 2.0, ("baseline", 2): 4.0, ("baseline", 3): 2.0,
+              ("grpo-exp", 1): 1.0, ("grpo-exp", 2): 1.0, ("grpo-exp", 3): 0.5}
+    calls = []
+
+    def runner(name, spec, out_dir, round_no):
+        calls.append((name, round_no))
+        return child_result(name, [speeds[name, round_no]] * 2, 64.0, 1000.0 + 100 * round_no)
+
+    variants = {"baseline": {}, "grpo-exp": {}}
+    results = bench.run_rounds(variants, tmp_path, 3, runner=runner)
+    assert calls == [("baseline", 1), ("grpo-exp", 1), ("grpo-exp", 2), ("baseline", 2), ("baseline", 3),
+                     ("grpo-exp", 3)]
+    ours = results["grpo-exp"]
+    assert ours["measured_steps"] == 6 and ours["completion_tokens"] == 6 * 64
+    assert ours["completion_tokens_per_s"] == pytest.approx(6 * 64 / (2 * (1.0 + 1.0 + 0.5)))
+    assert ours["step_time_s_median"] == 1.0 and ours["peak_rss_mb"] == 1300.0
+    assert ours["reward_curve"] == [1.0, 1.0]  # the first round's, not the rounds one after another
+    assert ours["profile_mean_per_step_s"]["generation"] == round((1.0 + 1.0 + 0.5) / 6, 3)  # rounded to ms
+    assert [r["completion_tokens_per_s"] for r in ours["rounds"]] == [64.0, 64.0, 128.0]
+    ratios = bench.round_ratios(results["baseline"], ours)
+    assert ratios == {"completion_tokens_per_s": [2.0, 4.0, 4.0], "median": 4.0, "min": 2.0, "max": 4.0}
+    md = bench.rounds_table(results, {"baseline": {n: bench.round_ratios(results["baseline"], r)
+                                                   for n, r in results.items()}},
+                            bench.round_orders(list(variants), 3))
+    assert "Order: baseline, grpo-exp; grpo-exp, baseline; baseline, grpo-exp." in md
+    assert "| grpo-exp | 64.0 | 64.0 | 128.0 | 2.00, 4.00, 4.00 | 4.00 [2.00, 4.00] |" in md
+    # one round: the child's own result, untouched (and no per-round figures)
+    single = bench.run_rounds(variants, tmp_path, 1, runner=lambda n, s, o, r: child_result(n, [1.0], 8.0, 500.0))
+    assert "rounds" not in single["grpo-exp"] and bench.round_ratios(single["baseline"], single["grpo-exp"]) is None
+
+
+def test_a_failed_round_fails_the_variant(tmp_path):
+    def runner(name, spec, out_dir, round_no):
+        if round_no == 2:
+            return {"name": name, "status": "failed", "returncode": 1, "wall_s": 1.0}
+        return child_result(name, [1.0], 8.0, 500.0)
+
+    results = bench.run_rounds({"grpo-exp": {}}, tmp_path, 2, runner=runner)
+    assert results["grpo-exp"]["status"] == "failed"
+    assert [r["status"] for r in results["grpo-exp"]["rounds"]] == ["ok", "failed"]

@@ -383,7 +383,8 @@ def test_resume_of_a_run_older_than_an_option_left_at_its_default(tmp_path):
     from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
 
     cfg = compose_cfg(["debug=smoke"], tmp_path)
-    recorded = {k: v for k, v in training_settings(cfg).items() if k != "train.rollout" and not k.startswith("resolved.")}
+    recorded = {k: v for k, v in training_settings(cfg).items()
+                if k != "train.rollout" and not k.startswith("resolved.")}  # such a record kept no resolved choices
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
     record_or_compare(compose_cfg(["debug=smoke", "resume=true", "train.rollout=trl"], tmp_path), tmp_path)
     for choice in ("auto", "engine"):
