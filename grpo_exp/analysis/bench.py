@@ -160,6 +160,10 @@ def summarize_steps(result: dict) -> dict:
     return out
 
 
+# each round's own figures, kept beside the pooled ones
+ROUND_KEYS = ("status", "step_time_s_median", "step_time_s_mean", "completion_tokens_per_s", "peak_rss_mb", "wall_s")
+
+
 def merge_rounds(runs: list[dict]) -> dict:
     """One variant's result over its rounds (--rounds): the measured steps of every round pooled (tokens/s is
     their tokens over their time, the medians theirs), the highest peak RSS of any round with that round's parts,
@@ -180,10 +184,6 @@ def merge_rounds(runs: list[dict]) -> dict:
     merged.update(summarize_steps(merged))
     merged.update(reward_curve=runs[0]["reward_curve"], rounds=per_round)
     return merged
-
-
-# each round's own figures, kept beside the pooled ones
-ROUND_KEYS = ("status", "step_time_s_median", "step_time_s_mean", "completion_tokens_per_s", "peak_rss_mb", "wall_s")
 
 
 def round_ratios(base: dict, other: dict) -> dict | None:
