@@ -124,7 +124,7 @@ def test_the_backward_uses_the_forwards_products_with_the_same_gradients(monkeyp
         return real(*a)
 
     monkeypatch.setattr(logprob_head, "_product", counted)
-    blocks = -(-N // logprob_head.ROWS)
+    blocks = -(-N // logprob_head._rows(torch.bfloat16 if autocast else torch.float32))
     grads = {}
     for keep in (True, False):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
@@ -188,3 +188,27 @@ def test_spans_compute_what_whole_blocks_compute(monkeypatch, n):
         results[span] = run("autocast", hidden, weight, None, targets, 0.7, gl, ge, autocast=True)[:4]
     for whole, spans in zip(results[logprob_head.ROWS], results[4]):
         assert torch.equal(whole, spans)
+
+
+def test_fp32_blocks_of_any_size_give_the_same_numbers(monkeypatch):
+    """In fp32 the forward multiplies FP32_ROWS tokens a block (one GEMM for the default run's batches) where it
+    multiplied ROWS: at the default model's head, 768 tokens in one block and in three of 256 give every output and
+    gradient bit for bit, so the larger block changes no number of a run."""
+    monkeypatch.setattr(logprob_head, "ROWS", 256)
+    monkeypatch.setattr(logprob_head, "GRAD_ROWS", 2048)
+    gen = torch.Generator().manual_seed(7)
+    n, vocab, hidden_size = 768, 49152, 576
+    hidden = torch.randn(n, hidden_size, generator=gen)
+    weight = torch.randn(vocab, hidden_size, generator=gen) * 0.05
+    targets = torch.randint(0, vocab, (n,), generator=gen)
+    gl, ge = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    products = []
+    real = logprob_head._product
+    monkeypatch.setattr(logprob_head, "_product", lambda h, *a: products.append(h.shape[0]) or real(h, *a))
+    results = {}
+    for rows in (1024, 256):
+        monkeypatch.setattr(logprob_head, "FP32_ROWS", rows)
+        results[rows] = run("autocast", hidden, weight, None, targets, 0.7, gl, ge, autocast=False)[:4]
+    assert products == [768, 256, 256, 256]  # one block, then three
+    for one_block, three in zip(results[1024], results[256]):
+        assert torch.equal(one_block, three)
