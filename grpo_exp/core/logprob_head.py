@@ -184,10 +184,11 @@ def resolve(choice: str, device: str = "cpu") -> str:
     On a CPU under bf16 autocast its bf16 gradient GEMMs are most of the gain; in fp32 training (CPUs without native
     bf16) both kernels' GEMMs are fp32, and this one's gain is the products kept for the backward and the fp32 maths
     in spans (on a 2-core AVX2-only CPU: the head alone 1.42-1.44x as fast, the bench's step 1.08-1.22x at beta 0
-    and 1-4% slower at the default run's shape in three rounds, its peak RSS 350-980 MB lower, and held-out
-    accuracy over two seeds as with TRL's: README, "How the default was chosen"). CUDA has the fp32-output GEMM
-    TRL's kernel asks for: there TRL's ran the default model's head, 2048 tokens, forward and backward, in
-    2.27-2.38 ms on an H100 against 7.54-7.58 ms for this one (scripts/logprob_head_time.py, README, Development)."""
+    and at the default run's shape 0.96-0.99x and 1.03-1.12x in two three-round benches, its peak RSS 350-980 MB
+    lower, and held-out accuracy over two seeds as with TRL's: README, "How the default was chosen"). CUDA has the
+    fp32-output GEMM TRL's kernel asks for: there TRL's ran the default model's head, 2048 tokens, forward and
+    backward, in 2.27-2.38 ms on an H100 against 7.54-7.58 ms for this one (scripts/logprob_head_time.py, README,
+    Development)."""
     if choice != "auto":
         return choice
     return "autocast" if device == "cpu" else "trl"
