@@ -123,6 +123,7 @@ class AutocastLogProbHead(torch.autograd.Function):
         b = bias.to(dtype) if bias is not None else None
         n = hidden.shape[0]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        rows = _rows(dtype)  # the forward's blocks, whose kept products are looked up by (first token, end)
         grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device) if need_h else None
         grad_weight = grad_bias = None
         # This backward is where a training step's memory peaks (the whole graph's activations are still held), so
@@ -134,8 +135,8 @@ class AutocastLogProbHead(torch.autograd.Function):
             ge = min(gs + GRAD_ROWS, n)
             h_block = hidden[gs:ge].to(dtype)
             grad_z = torch.empty((ge - gs, weight.shape[0]), dtype=dtype, device=hidden.device)
-            for s in range(gs, ge, _rows(dtype)):
-                e = min(s + _rows(dtype), ge)
+            for s in range(gs, ge, rows):
+                e = min(s + rows, ge)
                 # log p, then p, in place, a span at a time: each pass over N x V fp32 costs as much as a small GEMM
                 product = ctx.products.pop((s, e), None)
                 if product is None:  # not kept, or used by an earlier backward through a retained graph
