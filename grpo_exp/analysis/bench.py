@@ -334,7 +334,9 @@ def run(args) -> int:
                  for b in baseline_names if results[b].get("status") == "ok"}
     # ratios against the first baseline asked for (the fp32 one unless only trl-defaults was)
     ratio_of = ratios_vs.get(baseline_names[0], {}) if baseline_names else {}
-    rounds_vs = {b: {n: round_ratios(results[b], r) for n, r in results.items()} for b in ratios_vs}
+    # --rounds: the order each round ran in, and every variant's tokens/s ratio to each baseline round by round
+    orders = round_orders(list(variants), args.rounds) if args.rounds > 1 else None
+    rounds_vs = {b: {n: round_ratios(results[b], r) for n, r in results.items()} for b in ratios_vs} if orders else {}
     report = {
         "command": " ".join(["grpo-bench", *sys.argv[1:]]),
         "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
@@ -347,8 +349,8 @@ def run(args) -> int:
         "ratios_vs": ratios_vs,
         "floor": {n: r.get("floor") for n, r in results.items() if r.get("floor")},
     }
-    if args.rounds > 1:
-        report["round_order"] = round_orders(list(variants), args.rounds)
+    if orders:
+        report["round_order"] = orders
         report["round_ratios_vs"] = rounds_vs
     if args.reward_curve_steps:
         report["reward_curves"] = {n: r.get("reward_curve") for n, r in results.items()}
@@ -361,7 +363,7 @@ def run(args) -> int:
           f"Machine: {report['machine']}; GEMM peak fp32 {limits['gemm_gflops']['fp32']:.0f} / bf16 "
           f"{limits['gemm_gflops']['bf16']:.0f} GFLOP/s, memory read {limits['read_gb_s']:.1f} GB/s "
           f"({args.threads} threads)\n", main_table, ""]
-    rounds_md = rounds_table(results, rounds_vs, round_orders(list(variants), args.rounds)) if args.rounds > 1 else ""
+    rounds_md = rounds_table(results, rounds_vs, orders) if orders else ""
     if rounds_md:
         md += ["## Rounds\n", rounds_md, ""]
     prof = profile_table(results)
