@@ -120,6 +120,18 @@ def test_beta_reaches_every_variant_of_the_bench(tmp_path):
     assert compose(common_overrides(parse_args(["--beta", "0"])), tmp_path).train.beta == 0.0
 
 
+def test_a_model_directory_or_hub_id_is_benchmarked_through_the_custom_model_option(tmp_path):
+    from grpo_exp.analysis.bench import common_overrides, compose
+    from grpo_exp.apps.bench import parse_args
+
+    model_dir = tmp_path / "my_model"
+    model_dir.mkdir()
+    for given, name, ident in ((str(model_dir), "custom", str(model_dir)), ("org/name", "custom", "org/name"),
+                               ("tiny_random", "tiny_random", None)):
+        model = compose(common_overrides(parse_args(["--model", given])), tmp_path / "out").model
+        assert (model.name, model.get("id")) == (name, ident)
+
+
 def child_result(name: str, step_s: list[float], tokens: float, rss: float) -> dict:
     """What run_child returns for one round of a variant: measured steps of `tokens` tokens each."""
     res = {"name": name, "status": "ok", "prompts_per_step": 2, "wall_s": 10.0, "peak_rss_mb": rss,
