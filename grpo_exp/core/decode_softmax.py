@@ -49,6 +49,10 @@ _C_TYPES = {torch.bfloat16: "at::BFloat16", torch.float32: "float"}
 # sum per this many, each from 0, added to the sum of those before: decode_attention's value product does the same
 VALUE_SPAN = 512
 _AVX512_BF16 = small_rows.AVX512_BF16  # where oneDNN's bf16 products add in the order the kernel repeats
+# The torch release whose inductor kernel sum_chunks describes and the kernel repeats (pyproject pins it). Under
+# torch 2.11 (a GPU machine's image) inductor's softmax rounded otherwise in 1 of the test's 7 cases on an AVX2 CPU
+# and 4 on an AVX-512 one, so under another release the compiled step keeps inductor's own kernel.
+CHECKED_TORCH = "2.13."
 
 # One (row, key/value head)'s softmax: scores s [length, G], mask m [length], probs out [length, G]; x and e
 # are scratch of length * G floats. Only the first `valid` positions are read and written: decode_attention passes
@@ -364,11 +368,14 @@ def sum_chunks(heads: int, group: int, length: int) -> int | None:
 
     Inductor (torch 2.13, codegen/cpp.py: max_parallel_depth, decide_parallel_depth) parallelizes a reduction
     along L when the loops outside it make no whole vector step (g narrower than a float vector) and each
-    thread's share of the kernel's iterations reaches cpp.min_chunk_size."""
+    thread's share of the kernel's iterations reaches cpp.min_chunk_size. None under another torch release
+    (CHECKED_TORCH)."""
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import VecAVX2, VecAVX512, pick_vec_isa
     from torch._inductor.utils import parallel_num_threads
 
+    if not torch.__version__.startswith(CHECKED_TORCH):
+        return None
     isa = pick_vec_isa()  # checked on x86 (AVX-512, and AVX2 through ATEN_CPU_CAPABILITY=avx2) alone
     if not isinstance(isa, (VecAVX2, VecAVX512)) or group >= isa.nelements(torch.float):
         return None

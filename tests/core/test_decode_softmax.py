@@ -68,6 +68,17 @@ def test_the_kernel_computes_inductors_softmax_bit_for_bit(threads, shape, dtype
         torch.set_num_threads(before)
 
 
+def test_another_torch_release_keeps_inductors_kernel(monkeypatch):
+    """Under a torch release other than the one whose inductor the kernel repeats, sum_chunks does not claim to
+    know its split, so the compiled step keeps inductor's kernel (torch 2.11's rounded otherwise)."""
+    known = decode_softmax.sum_chunks(16, 3, 128)
+    assert known is not None  # the default model's decoding softmax at 16 rows, on this (x86) CPU and torch
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    assert decode_softmax.sum_chunks(16, 3, 128) is None
+    monkeypatch.setattr(torch, "__version__", decode_softmax.CHECKED_TORCH + "1+cpu")
+    assert decode_softmax.sum_chunks(16, 3, 128) == known
+
+
 def test_a_group_as_wide_as_a_vector_keeps_inductors_kernel():
     """Where g fills a vector, inductor does not split the sum the same way: sum_chunks does not claim to know."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
