@@ -21,10 +21,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from grpo_exp.base import dist
-from grpo_exp.base.cpu import PRECISIONS, native_dtype, resolve_malloc, resolve_threads, resolve_wait_policy
+from grpo_exp.base.cpu import PRECISIONS, resolve_malloc, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.log import LEVELS
-from grpo_exp.core import data
+from grpo_exp.core import copy_kinds, data
 
 
 def require(ok: bool, message: str) -> None:
@@ -255,7 +255,7 @@ class TrainConfig:
     # The engine's copy of the policy: bf16 (every weight bf16), fp32, autocast (bf16 Linear weights, the rest
     # fp32, run under bf16 autocast: what bf16 training computes, so its log-probs replace TRL's scoring forward;
     # faster, not the default: README, Performance, "The autocast copy"); auto: bf16 where the hardware computes
-    # it natively, else fp32 (training/rollout.py, copy_kind)
+    # it natively, else fp32 (core/copy_kinds.py)
     rollout_dtype: str = "auto"
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
     # the copy's Linear products without a weight reorder on every call (core/packed_linear.py; the same numbers): a
@@ -294,7 +294,7 @@ class TrainConfig:
     ATTENTION_DECODES = ("cache_axis", "last_axis")
     LOGPROB_KERNELS = ("auto", "trl", "autocast")
     SAVED_TENSORS = ("auto", "lean", "plain")
-    ROLLOUT_DTYPES = ("auto", "autocast", "bf16", "fp32")
+    ROLLOUT_DTYPES = copy_kinds.KINDS
     ROLLOUT_SAMPLERS = ("cdf", "multinomial")
     IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
     OLD_LOGPS = ("auto", "policy", "sampler")
@@ -337,10 +337,8 @@ class TrainConfig:
 
             from grpo_exp.core import packed_linear
 
-            # the Linear weights' dtype in the copy the engine makes (training/rollout.py, copy_kind): auto's copy is
-            # in the machine's native dtype; the bf16 and autocast copies hold bf16 weights
-            kind = train.rollout_dtype
-            dtype = native_dtype() if kind == "auto" else torch.float32 if kind == "fp32" else torch.bfloat16
+            # the Linear weights' dtype in the copy the engine will make
+            dtype = copy_kinds.weight_dtype(copy_kinds.kind(train.rollout_dtype))
             why = packed_linear.unsupported_reason(dtype, torch.device("cpu"))
             require(why is None, f"train.rollout_prepack=true cannot be met here: {why}; choose one of: auto, false")
         # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set

@@ -53,14 +53,14 @@ import torch
 
 from grpo_exp.base import log
 from grpo_exp.base.cpu import compiler_missing, native_dtype  # noqa: F401 (imported from here by tests and tools)
-from grpo_exp.core import attention, packed_linear, small_rows
+from grpo_exp.core import attention, copy_kinds, packed_linear, small_rows
 from grpo_exp.training import shared_prefix
 
 logger = log.get_logger(__name__)
 
 CHOICES = ("auto", "trl", "engine")  # train.rollout
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-DTYPES = ("auto", "autocast", "bf16", "fp32")  # train.rollout_dtype: the copy's kind
+DTYPES = copy_kinds.KINDS  # train.rollout_dtype: the copy's kind
 SAMPLERS = ("cdf", "multinomial")
 OLD_LOGPS = ("auto", "policy", "sampler")  # train.rollout_old_logps
 # the cache length is rounded up to this, so prompts of slightly different lengths reuse one compiled step
@@ -78,16 +78,8 @@ def resolve(choice: str) -> str:
 
 
 def copy_kind(name: str) -> str:
-    """The rollout copy `train.rollout_dtype` asks for.
-
-    autocast: the copy computes what bf16 autocast training computes (bf16 Linear weights, the embedding, norms
-    and residual stream in fp32, under bf16 autocast); bf16: every weight in bf16; fp32: the policy's own weights.
-    auto: the machine's native dtype (bf16 where it is native, else fp32). The autocast copy is faster under
-    bf16 training (its log-probs replace TRL's scoring forward) but is not `auto`'s choice: in its seeds check
-    one of the default run's seeds collapsed (README, Performance: "The autocast copy")."""
-    if name != "auto":
-        return name
-    return "bf16" if native_dtype() == torch.bfloat16 else "fp32"
+    """The rollout copy `train.rollout_dtype` asks for (core/copy_kinds.py, `kind`)."""
+    return copy_kinds.kind(name)
 
 
 def old_logps_source(choice: str, rollout_dtype: str, precision: str) -> str:
@@ -650,7 +642,7 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
         return None
     kind = copy_kind(train_cfg.rollout_dtype)
     engine = RolloutEngine(
-        trainer.model, dtype=torch.float32 if kind == "fp32" else torch.bfloat16, autocast=kind == "autocast",
+        trainer.model, dtype=copy_kinds.weight_dtype(kind), autocast=kind == "autocast",
         compile=train_cfg.rollout_compile, prepack=train_cfg.rollout_prepack,
         max_new_tokens=trainer.max_completion_length, temperature=trainer.temperature, top_k=trainer.top_k,
         top_p=trainer.top_p, eos_token_ids=list(trainer.eos_token_ids),

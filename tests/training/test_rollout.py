@@ -14,7 +14,7 @@ import torch
 from grpo_exp.config.checks import validate
 from grpo_exp.base import cpu
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.core import attention, decode_softmax, models, packed_linear, small_rows
+from grpo_exp.core import attention, copy_kinds, decode_softmax, models, packed_linear, small_rows
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
@@ -702,9 +702,12 @@ def test_old_log_probs_come_from_the_sampler_only_where_the_copy_is_exact(choice
 
 @pytest.mark.parametrize("native,expected", [(torch.bfloat16, "bf16"), (torch.float32, "fp32")])
 def test_auto_copies_the_policy_in_the_native_dtype(monkeypatch, native, expected):
-    monkeypatch.setattr(rollout, "native_dtype", lambda: native)
+    monkeypatch.setattr(cpu, "native_dtype", lambda: native)
     assert rollout.copy_kind("auto") == expected
     assert all(rollout.copy_kind(kind) == kind for kind in ("autocast", "bf16", "fp32"))
+    # the config's prepack check reads the same map: the dtype of the Linear weights each copy holds
+    assert [copy_kinds.weight_dtype(rollout.copy_kind(k)) for k in rollout.DTYPES] == [
+        native, torch.bfloat16, torch.bfloat16, torch.float32]
 
 
 AUTOCAST_COPY = ["train.rollout=engine", "train.rollout_dtype=autocast", "train.precision=bf16", "train.max_steps=2",
