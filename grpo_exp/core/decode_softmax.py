@@ -361,6 +361,15 @@ _LIB.impl("decode_attention", decode_attention, "CPU")
 def _decode_attention_shape(query, key, value, mask, scaling, chunks):
     return query.new_empty(query.shape)
 
+def checked_torch(version: str = torch.__version__) -> bool:
+    """Whether a torch release is the one whose inductor kernel this module repeats (CHECKED_TORCH)."""
+    return str(version).startswith(CHECKED_TORCH)
+
+
+# read once here: sum_chunks runs while dynamo traces a decoding step
+TORCH_CHECKED = checked_torch()
+
+
 @torch._dynamo.assume_constant_result  # called while dynamo traces the decoding step: a constant of the graph
 def sum_chunks(heads: int, group: int, length: int) -> int | None:
     """Into how many chunks inductor's kernel for this softmax splits each sum along L (one per thread, when it
@@ -374,7 +383,7 @@ def sum_chunks(heads: int, group: int, length: int) -> int | None:
     from torch._inductor.cpu_vec_isa import VecAVX2, VecAVX512, pick_vec_isa
     from torch._inductor.utils import parallel_num_threads
 
-    if not torch.__version__.startswith(CHECKED_TORCH):
+    if not TORCH_CHECKED:
         return None
     isa = pick_vec_isa()  # checked on x86 (AVX-512, and AVX2 through ATEN_CPU_CAPABILITY=avx2) alone
     if not isinstance(isa, (VecAVX2, VecAVX512)) or group >= isa.nelements(torch.float):

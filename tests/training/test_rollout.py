@@ -243,6 +243,8 @@ def test_the_compiled_step_follows_moved_weights_and_new_batch_sizes(tiny):
 
 
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
+@pytest.mark.skipif(not decode_softmax.TORCH_CHECKED, reason=f"the kernel repeats the inductor of torch "
+                    f"{decode_softmax.CHECKED_TORCH}x (pinned), not {torch.__version__}'s")
 def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, monkeypatch):
     """A compiled decoding step whose grouped-attention softmax runs core/decode_softmax.py's kernel draws the same
     tokens, with the same log-probs bit for bit, as the step compiled with inductor's own softmax."""
@@ -269,6 +271,8 @@ def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, mo
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
 @pytest.mark.skipif(not decode_softmax._AVX512_BF16,
                     reason="decode_attention repeats oneDNN's AVX512-BF16 products (no AMX)")
+@pytest.mark.skipif(not decode_softmax.TORCH_CHECKED, reason=f"the kernel repeats the inductor of torch "
+                    f"{decode_softmax.CHECKED_TORCH}x (pinned), not {torch.__version__}'s")
 def test_the_decoding_attention_kernel_samples_what_the_composed_attention_samples(tmp_path, monkeypatch):
     """A compiled bf16 decoding step whose attention is core/decode_softmax.py's one kernel (heads of 32 columns:
     the tiny model made 128 wide) draws the same tokens with the same log-probs, bit for bit, as the step that
