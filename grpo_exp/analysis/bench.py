@@ -86,15 +86,9 @@ def split_env(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
     return [o for o in overrides if not o.startswith("env.")], env
 
 
-def model_overrides(model: str) -> list[str]:
-    """`--model`: a conf/model option, or any model directory or hub id (org/name), which conf/model/custom.yaml
-    loads: a model of one's own benchmarks without a config file of its own."""
-    if "/" in model or Path(model).expanduser().is_dir():
-        return ["model=custom", f"model.id={model}"]
-    return [f"model={model}"]
-
-
 def common_overrides(args) -> list[str]:
+    from grpo_exp.config.compose import model_overrides
+
     out = [
         *model_overrides(args.model), f"stage={args.stage}", "logger=none", f"cpu.threads={args.threads}",
         f"train.per_device_train_batch_size={args.prompts_per_step * args.num_generations}",

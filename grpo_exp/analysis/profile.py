@@ -26,12 +26,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def run(args) -> int:
     """Profile decoding as `args` (see apps/profile.py) asks; returns the exit code."""
     from grpo_exp.base import cpu
-    from grpo_exp.config.compose import check_group_choices, compose
+    from grpo_exp.config.compose import check_group_choices, compose, model_overrides
     from grpo_exp.base.errors import ConfigError
 
     try:
-        check_group_choices([f"model={args.model}"], False)
-        cfg = compose("train", [f"model={args.model}", f"cpu.threads={args.threads}"])
+        check_group_choices(model_overrides(args.model), False)
+        cfg = compose("train", [*model_overrides(args.model), f"cpu.threads={args.threads}"])
         cpu.prepare_env(cfg.cpu)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

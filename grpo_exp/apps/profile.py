@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-decode", default="cache_axis", choices=["cache_axis", "last_axis"],
                    help="--path engine: how the copy's grouped attention lays out a decoding step's scores "
                         "(train.attention_decode; default cache_axis)")
-    p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m)")
+    p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m), or a model "
+                   "directory or hub id (org/name), loaded as model=custom model.id=MODEL")
     p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per sequence, forced (default 64)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")

@@ -24,6 +24,14 @@ def _split_override(arg: str) -> tuple[str, str] | None:
     return key.lstrip("+"), value
 
 
+def model_overrides(model: str) -> list[str]:
+    """A tool's `--model`: a conf/model option, or any model directory or hub id (org/name), which
+    conf/model/custom.yaml loads, so a model of one's own is timed without a config file of its own."""
+    if "/" in model or Path(model).expanduser().is_dir():
+        return ["model=custom", f"model.id={model}"]
+    return [f"model={model}"]
+
+
 def check_group_choices(args: list[str], multirun: bool) -> None:
     """`model=foo`: name the valid options instead of Hydra's multi-line 'Could not find'."""
     groups = _groups()

@@ -134,14 +134,19 @@ def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
 
 
 def test_generation_profile_of_the_rollout_engine_times_its_rounds(tmp_path):
+    from grpo_exp.core import models
+
+    # a model directory as --model (model=custom): the tiny random model's, saved in the cache
+    cfg = compose_cfg(["debug=smoke"], tmp_path / "cfg")
+    model_dir = models.tiny_random(cfg.model, cfg.paths.cache_dir, 0)[0].name_or_path
     out = tmp_path / "prof"
-    proc = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--path", "engine", "--model", "tiny_random",
+    proc = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--path", "engine", "--model", model_dir,
                            "--tokens", "4", "--batch", "2", "--threads", "1", "--repeats", "2", "--attention-decode",
                            "last_axis", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "profile.json").read_text())
-    assert result["path"] == "engine" and "rollout engine" in result["decoding"]
+    assert result["path"] == "engine" and "rollout engine" in result["decoding"] and result["model"] == model_dir
     assert "attention_decode=last_axis" in result["decoding"]
     assert len(result["rounds_s"]) == 2 and result["generate_s"] == statistics.median(result["rounds_s"])
     assert result["top_ops"] and result["lm_head_weight_gb_per_s"] > 0
