@@ -47,6 +47,7 @@ import copy
 import functools
 import inspect
 import time
+import types
 from types import SimpleNamespace
 
 import torch
@@ -248,7 +249,7 @@ class RolloutEngine:
             # step's kernels"). Nothing changes a module of the copy after it is built (refresh and release change
             # tensor contents and storages in place); the guards on the step's own inputs (shapes, the cache) and
             # on global state stay.
-            self._step = torch.compile(self._eager_step, dynamic=False, backend=backend,
+            self._step = torch.compile(self._own_step(), dynamic=False, backend=backend,
                                        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
             self.compiled = True
             logger.warning("rollout engine: %s copy of the policy%s, decoding step compiled with torch.compile "
@@ -371,6 +372,17 @@ class RolloutEngine:
                                 use_cache=True, **{self._cache_kwarg: cache})
             hidden = out.last_hidden_state[:, -1]
             return self.head(hidden).float()
+
+    def _own_step(self):
+        """`_eager_step` bound to this engine through a code object of its own.
+
+        Why: dynamo keeps what it compiled on the code object it traced, and the step is compiled without guards
+        on the copy's modules. Another engine in the same process (a later curriculum stage's) would then match
+        this engine's compiled step, with this engine's module constants (its packed layers' slots) baked in: it
+        failed on a released slot and decoded eager from then on. An engine's own code object keeps its own."""
+        fn = RolloutEngine._eager_step
+        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        return types.MethodType(own, self)
 
     def _eager_step(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """One decoding step: the next-token logits (fp32) of every row."""

@@ -416,6 +416,26 @@ def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
     assert after != before  # the repacked weights are the moved policy's
 
 
+@pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
+def test_a_second_engine_in_the_process_compiles_a_step_of_its_own(tiny, tmp_path, monkeypatch):
+    """As a curriculum's next stage does: a new engine over another policy, its layers packed, after the first
+    engine's round and release. Its compiled step runs its own layers (it draws what its eager twin draws), and
+    does not pick up the first engine's compiled step, whose packed slots are gone."""
+    monkeypatch.setattr(small_rows, "F32_AVX2", True)  # the fp32 copy's layers packed on any x86 CPU
+    first_model, tokenizer, prompts = tiny
+    cfg = compose_cfg(["debug=smoke"], tmp_path)
+    second_model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=1)
+    rows = [p for p in prompts for _ in range(4)]
+    eos = [tokenizer.eos_token_id]
+    first = engine_for(first_model, tokenizer, eos, compile=True)
+    first_drawn = assert_same_draws(engine_for(first_model, tokenizer, eos), first, rows)
+    first.release()
+    second = engine_for(second_model, tokenizer, eos, compile=True)
+    assert second.packed and {m.slot for m in second.packed}.isdisjoint(m.slot for m in first.packed)
+    drawn = assert_same_draws(engine_for(second_model, tokenizer, eos), second, rows)
+    assert drawn != first_drawn  # the two policies draw differently: the test can tell them apart
+
+
 def test_an_fp32_copy_through_the_fp32_kernel_samples_what_the_plain_copy_samples(tiny, monkeypatch):
     """An fp32 copy whose Linear layers take small_rows' fp32 kernel (forced on here; auto where torch's kernels are
     AVX2's), its decoding step compiled with the products that share an input grouped, draws the plain copy's tokens
