@@ -13,8 +13,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(description=bench.__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=bench.__doc__.split("\n", 1)[1])
-    p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m), or a model directory or hub id "
-                                                        "(org/name), loaded as model=custom model.id=MODEL")
+    p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m), or a model "
+                   "directory or hub id (org/name), loaded as model=custom model.id=MODEL")
     p.add_argument("--steps", type=int, default=5, help="measured optimizer steps per variant (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up steps before measuring (default 1)")
     p.add_argument("--prompts-per-step", type=int, default=2, help="prompts per optimizer step (default 2)")

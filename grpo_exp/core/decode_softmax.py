@@ -361,6 +361,7 @@ _LIB.impl("decode_attention", decode_attention, "CPU")
 def _decode_attention_shape(query, key, value, mask, scaling, chunks):
     return query.new_empty(query.shape)
 
+
 def checked_torch(version: str = torch.__version__) -> bool:
     """Whether a torch release is the one whose inductor kernel this module repeats (CHECKED_TORCH)."""
     return str(version).startswith(CHECKED_TORCH)
