@@ -4,7 +4,7 @@ Why: on a CPU, generation was more than half of a GRPO step, and `generate` unde
 fp32 weights on every op of every token, runs eager Python for each decoding step, and grows its KV cache
 with `cat`. The engine instead keeps
 
-- a rollout copy of the policy (`copy_kind`) in the machine's native dtype: bf16 where it is native (every
+- a rollout copy of the policy (core/copy_kinds.py) in the machine's native dtype: bf16 where it is native (every
   weight and the residual stream in bf16), else fp32, the policy's own tensors (shared: nothing to copy).
   `train.rollout_dtype=autocast` asks for a copy that computes what bf16 autocast training computes: its Linear
   weights cast to bf16, the rest the policy's own fp32 tensors, run under the same autocast. A copy is
@@ -61,7 +61,6 @@ logger = log.get_logger(__name__)
 
 CHOICES = ("auto", "trl", "engine")  # train.rollout
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-DTYPES = copy_kinds.KINDS  # train.rollout_dtype: the copy's kind
 SAMPLERS = ("cdf", "multinomial")
 OLD_LOGPS = ("auto", "policy", "sampler")  # train.rollout_old_logps
 # the cache length is rounded up to this, so prompts of slightly different lengths reuse one compiled step
@@ -78,11 +77,6 @@ def resolve(choice: str) -> str:
     return "trl" if torch.cuda.is_available() else "engine"
 
 
-def copy_kind(name: str) -> str:
-    """The rollout copy `train.rollout_dtype` asks for (core/copy_kinds.py, `kind`)."""
-    return copy_kinds.kind(name)
-
-
 def old_logps_source(choice: str, rollout_dtype: str, precision: str) -> str:
     """Where PPO's old log-probs come from on the engine's path (`train.rollout_old_logps`).
 
@@ -97,7 +91,7 @@ def old_logps_source(choice: str, rollout_dtype: str, precision: str) -> str:
 
     if choice != "auto":
         return choice
-    kind, trained = copy_kind(rollout_dtype), resolve_precision(precision)
+    kind, trained = copy_kinds.kind(rollout_dtype), resolve_precision(precision)
     exact = (kind, trained) in {("fp32", "fp32"), ("autocast", "bf16")}
     return "sampler" if exact else "policy"
 
@@ -377,9 +371,10 @@ class RolloutEngine:
         """`_eager_step` bound to this engine through a code object of its own.
 
         Why: dynamo keeps what it compiled on the code object it traced, and the step is compiled without guards
-        on the copy's modules. Another engine in the same process (a later curriculum stage's) would then match
-        this engine's compiled step, with this engine's module constants (its packed layers' slots) baked in: it
-        failed on a released slot and decoded eager from then on. An engine's own code object keeps its own."""
+        on the copy's modules. Another engine in the same process (a sweep's next job under Hydra's basic launcher)
+        then matched this engine's compiled step, with this engine's module constants (its packed layers' slots)
+        baked in: it failed on a released slot and decoded eager from then on. An engine's own code object keeps
+        its own."""
         fn = RolloutEngine._eager_step
         own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
         return types.MethodType(own, self)
@@ -652,7 +647,7 @@ def build_engine(trainer, train_cfg) -> RolloutEngine | None:
         log = logger.warning if train_cfg.rollout == "engine" else logger.info
         log("train.rollout=%s: the engine is not used for %s; TRL's generation runs", train_cfg.rollout, why)
         return None
-    kind = copy_kind(train_cfg.rollout_dtype)
+    kind = copy_kinds.kind(train_cfg.rollout_dtype)
     engine = RolloutEngine(
         trainer.model, dtype=copy_kinds.weight_dtype(kind), autocast=kind == "autocast",
         compile=train_cfg.rollout_compile, prepack=train_cfg.rollout_prepack,

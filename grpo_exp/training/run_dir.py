@@ -75,7 +75,7 @@ def resolved_choices(cfg: Any) -> dict[str, str]:
     import torch
 
     from grpo_exp.base.cpu import resolve_precision
-    from grpo_exp.core import attention, lean_saved, logprob_head
+    from grpo_exp.core import attention, copy_kinds, lean_saved, logprob_head
     from grpo_exp.training import rollout
 
     train = cfg.train
@@ -87,7 +87,7 @@ def resolved_choices(cfg: Any) -> dict[str, str]:
            "train.saved_tensors": lean_saved.resolve(train.saved_tensors, bf16=precision == "bf16",
                                                      checkpointing=bool(train.gradient_checkpointing))}
     if out["train.rollout"] == "engine":
-        out["train.rollout_dtype"] = rollout.copy_kind(train.rollout_dtype)
+        out["train.rollout_dtype"] = copy_kinds.kind(train.rollout_dtype)
         out["train.rollout_old_logps"] = rollout.old_logps_source(train.rollout_old_logps, train.rollout_dtype,
                                                                   train.precision)
     return out

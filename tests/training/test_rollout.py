@@ -727,10 +727,10 @@ def test_old_log_probs_come_from_the_sampler_only_where_the_copy_is_exact(choice
 @pytest.mark.parametrize("native,expected", [(torch.bfloat16, "bf16"), (torch.float32, "fp32")])
 def test_auto_copies_the_policy_in_the_native_dtype(monkeypatch, native, expected):
     monkeypatch.setattr(cpu, "native_dtype", lambda: native)
-    assert rollout.copy_kind("auto") == expected
-    assert all(rollout.copy_kind(kind) == kind for kind in ("autocast", "bf16", "fp32"))
+    assert copy_kinds.kind("auto") == expected
+    assert all(copy_kinds.kind(kind) == kind for kind in ("autocast", "bf16", "fp32"))
     # the config's prepack check reads the same map: the dtype of the Linear weights each copy holds
-    assert [copy_kinds.weight_dtype(rollout.copy_kind(k)) for k in rollout.DTYPES] == [
+    assert [copy_kinds.weight_dtype(copy_kinds.kind(k)) for k in copy_kinds.KINDS] == [
         native, torch.bfloat16, torch.bfloat16, torch.float32]
 
 
