@@ -12,6 +12,11 @@ from grpo_exp.core import decode_softmax, small_rows
 from grpo_exp.training.rollout import compiler_missing
 
 pytestmark = pytest.mark.skipif(compiler_missing() is not None, reason=f"inductor cannot compile: {compiler_missing()}")
+# the bit-for-bit tests: the kernel repeats one torch release's inductor, and under another it is not used
+needs_checked_torch = pytest.mark.skipif(
+    not decode_softmax.TORCH_CHECKED,
+    reason=f"the kernel repeats the inductor of torch {decode_softmax.CHECKED_TORCH}x (pinned), "
+           f"not {torch.__version__}'s")
 
 
 def _scores_and_mask(b: int, kv: int, g: int, length: int, dtype: torch.dtype, mask_dtype: torch.dtype):
@@ -48,8 +53,7 @@ def _inductors(scores, mask, scaling):
     (2, (4, 2, 2, 64), torch.bfloat16, None),  # just large enough
     (2, (8, 5, 3, 192), torch.float32, None),
 ])
-@pytest.mark.skipif(not decode_softmax.TORCH_CHECKED, reason=f"the kernel repeats the inductor of torch "
-                    f"{decode_softmax.CHECKED_TORCH}x (pinned), not {torch.__version__}'s")
+@needs_checked_torch
 def test_the_kernel_computes_inductors_softmax_bit_for_bit(threads, shape, dtype, mask_dtype):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

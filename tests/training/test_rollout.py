@@ -17,6 +17,7 @@ from grpo_exp.base.errors import ConfigError
 from grpo_exp.core import attention, copy_kinds, decode_softmax, models, packed_linear, small_rows
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
+from tests.core.test_decode_softmax import needs_checked_torch
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
 
 FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none",
@@ -243,8 +244,7 @@ def test_the_compiled_step_follows_moved_weights_and_new_batch_sizes(tiny):
 
 
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
-@pytest.mark.skipif(not decode_softmax.TORCH_CHECKED, reason=f"the kernel repeats the inductor of torch "
-                    f"{decode_softmax.CHECKED_TORCH}x (pinned), not {torch.__version__}'s")
+@needs_checked_torch
 def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, monkeypatch):
     """A compiled decoding step whose grouped-attention softmax runs core/decode_softmax.py's kernel draws the same
     tokens, with the same log-probs bit for bit, as the step compiled with inductor's own softmax."""
@@ -271,8 +271,7 @@ def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, mo
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
 @pytest.mark.skipif(not decode_softmax._AVX512_BF16,
                     reason="decode_attention repeats oneDNN's AVX512-BF16 products (no AMX)")
-@pytest.mark.skipif(not decode_softmax.TORCH_CHECKED, reason=f"the kernel repeats the inductor of torch "
-                    f"{decode_softmax.CHECKED_TORCH}x (pinned), not {torch.__version__}'s")
+@needs_checked_torch
 def test_the_decoding_attention_kernel_samples_what_the_composed_attention_samples(tmp_path, monkeypatch):
     """A compiled bf16 decoding step whose attention is core/decode_softmax.py's one kernel (heads of 32 columns:
     the tiny model made 128 wide) draws the same tokens with the same log-probs, bit for bit, as the step that
