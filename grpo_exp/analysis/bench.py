@@ -541,8 +541,9 @@ class StepRecorder:
                 elapsed = time.perf_counter() - rec._t0
                 # pages the kernel had to map in (zero-filled) during the step: memory the allocator gave back
                 # and took again (cpu.malloc)
+                # the peak RSS so far after each step: how it grows over a run (lengths and shapes that vary)
                 rec.steps.append({"step": state.global_step, "time_s": round(elapsed, 4),
-                                  "page_faults": _minor_faults() - rec._faults0})
+                                  "page_faults": _minor_faults() - rec._faults0, "peak_rss_mb": _vmhwm_mb()})
                 if rec.profile:
                     parts = {k: round(v, 4) for k, v in rec._current.items()}
                     parts["other"] = round(elapsed - sum(rec._current.values()), 4)

@@ -68,6 +68,9 @@ def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_pro
         assert res["profile_mean_per_step_s"]["generation"] > 0, name
         # every step maps some pages in (a generation round's new tensors at least): a count was read
         assert res["page_faults_per_step"] > 0, name
+    for name, steps in report["steps"].items():  # the peak RSS after each step: never falls, ends at the run's
+        peaks = [s["peak_rss_mb"] for s in steps]
+        assert peaks == sorted(peaks) and 100 < peaks[-1] <= variants[name]["child_vmhwm_mb"] + 0.1, name
     assert variants["baseline"]["settings"]["bf16"] is False
     assert variants["baseline"]["settings"]["gradient_checkpointing"] is True
     assert variants["baseline"]["settings"]["shared_prefix"] is False
