@@ -26,7 +26,7 @@ from grpo_exp.base import dist, log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
-from grpo_exp.core import attention, embedding_grad, lean_saved, logprob_head
+from grpo_exp.core import attention, embedding_grad, lean_reference, lean_saved, logprob_head
 from grpo_exp.training import checkpoints, rollout, shared_prefix
 
 logger = log.get_logger(__name__)
@@ -34,7 +34,8 @@ logger = log.get_logger(__name__)
 # TrainConfig fields that are not GRPOConfig fields of the same name.
 _NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "attention_decode", "logprob_kernel",
                     "saved_tensors", "rollout", "rollout_dtype", "rollout_compile", "rollout_prepack", "rollout_sampler",
-                    "rollout_is_correction", "rollout_is_mode", "rollout_is_cap", "rollout_old_logps", "rollout_scoring"}
+                    "rollout_is_correction", "rollout_is_mode", "rollout_is_cap", "rollout_old_logps", "rollout_scoring",
+                    "lean_reference"}
 
 
 class LossTerm(Protocol):
@@ -108,7 +109,7 @@ class GrpoExpTrainer(GRPOTrainer):
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
                  share_prefixes: bool = False, logprob_kernel: str = "trl", saved_tensors: str = "plain",
-                 rollout_cfg=None, **kwargs):
+                 rollout_cfg=None, lean_reference: bool = False, **kwargs):
         self.on_nonfinite = on_nonfinite
         # on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that
         # trains on it), a NaN/inf loss the rest of its round; poisoned steps change no parameter or state
@@ -118,6 +119,8 @@ class GrpoExpTrainer(GRPOTrainer):
         kwargs["reward_funcs"] = [self._guard_reward(f) for f in kwargs["reward_funcs"]]
         super().__init__(*args, **kwargs)
         self.add_callback(_DropPoisonedUpdates(self))
+        if lean_reference:
+            self._shrink_reference()
         self.extra_loss = extra_loss
         self.completions_path = Path(completions_path) if completions_path else None
         self.completions_every = completions_every
@@ -196,6 +199,20 @@ class GrpoExpTrainer(GRPOTrainer):
             for key in ("rollout/kl", "rollout/logp_diff_abs"):  # nothing is capped: no clipped share
                 self._metrics["train"][key].append(stats[key])
         return scored
+
+    def _shrink_reference(self) -> None:
+        """train.lean_reference: the KL reference's Linear weights in bf16, off the model file's map, where its
+        forwards run under bf16 autocast (core/lean_reference.py)."""
+        amp = self.accelerator.native_amp and self.accelerator.mixed_precision == "bf16"
+        why_not = lean_reference.unsupported_reason(
+            self.ref_model, autocast_dtype=torch.bfloat16 if amp else None,
+            syncs_with_policy=bool(self.args.sync_ref_model), head_in_fp32=bool(self.args.cast_lm_head_to_fp32))
+        if why_not:
+            logger.info("train.lean_reference: the KL reference kept as TRL loads it (%s)", why_not)
+            return
+        before, after = lean_reference.shrink(self.accelerator.unwrap_model(self.ref_model), torch.bfloat16)
+        logger.info("train.lean_reference: the KL reference's Linear weights in bf16 (%.0f MB of parameters, "
+                    "%.0f before), off the model file's memory map", after / 2**20, before / 2**20)
 
     def _scored(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
                 compute_aux_loss=False, **model_kwargs):
@@ -531,6 +548,7 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
         logprob_kernel=cfg.train.logprob_kernel,
         saved_tensors=cfg.train.saved_tensors,
         rollout_cfg=cfg.train,
+        lean_reference=cfg.train.lean_reference,
     )
 
 

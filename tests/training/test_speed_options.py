@@ -88,6 +88,24 @@ def test_option_makes_a_correct_grpo_step(name, tmp_path, plain_run):
         assert trainer.args.cache_implementation == "static"
 
 
+def test_the_lean_reference_gives_the_same_kl_and_losses(tmp_path):
+    """train.lean_reference under bf16 autocast: the reference's Linear weights in bf16, and the run logs the KL
+    and losses of the fp32 reference bit for bit (the same seed, the same samples)."""
+    runs = {}
+    for lean in (True, False):
+        cfg = compose_cfg([*FAST, "train.beta=0.04", "train.precision=bf16",
+                           f"train.lean_reference={str(lean).lower()}"], tmp_path / str(lean))
+        cfg.train.max_steps = 3  # the policy moves away from the reference after the first step
+        trainer, _, _, moved = train_briefly(cfg)
+        q_proj = trainer.accelerator.unwrap_model(trainer.ref_model).model.layers[0].self_attn.q_proj
+        assert q_proj.weight.dtype == (torch.bfloat16 if lean else torch.float32)
+        assert moved
+        runs[lean] = [(row["kl"], row["loss"]) for row in trainer.state.log_history if "loss" in row]
+    assert runs[True] and all(math.isfinite(kl) for kl, _ in runs[True])
+    assert len(runs[True]) == 3 and all(kl > 0 for kl, _ in runs[True][1:])  # a KL was measured, not a constant
+    assert runs[True] == runs[False]
+
+
 def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
     """Same seed, same completions: the shared-prefix step logs TRL's entropy and gradient norm."""
     used = []
