@@ -539,9 +539,8 @@ class StepRecorder:
             def on_step_end(self, args, state, control, **kw):
                 rec.note_peak("other")
                 elapsed = time.perf_counter() - rec._t0
-                # pages the kernel had to map in (zero-filled) during the step: memory the allocator gave back
-                # and took again (cpu.malloc)
-                # the peak RSS so far after each step: how it grows over a run (lengths and shapes that vary)
+                # page_faults: pages the kernel had to map in (zero-filled) during the step, memory the allocator
+                # gave back and took again (cpu.malloc); peak_rss_mb: the peak so far, how it grows over a run
                 rec.steps.append({"step": state.global_step, "time_s": round(elapsed, 4),
                                   "page_faults": _minor_faults() - rec._faults0, "peak_rss_mb": _vmhwm_mb()})
                 if rec.profile:

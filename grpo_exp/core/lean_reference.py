@@ -43,13 +43,11 @@ def shrink(reference: torch.nn.Module, dtype: torch.dtype) -> tuple[int, int]:
     """Store the reference's Linear weights (and biases) in `dtype`, copy every other tensor it holds into memory of
     its own, in place; returns the bytes of its parameters before and after. The output embedding stays as it is
     (tied to the input embedding, it is read in fp32 by the lookup)."""
-    keep = {id(reference.get_input_embeddings().weight)}
     head = reference.get_output_embeddings()
-    if head is not None:
-        keep.add(id(head.weight))
+    keep = {id(reference.get_input_embeddings().weight), id(head.weight) if head is not None else None}
     before = sum(p.numel() * p.element_size() for p in reference.parameters())
     for module in reference.modules():
-        if not isinstance(module, torch.nn.Linear) or module is head or id(module.weight) in keep:
+        if not isinstance(module, torch.nn.Linear) or id(module.weight) in keep:
             continue
         for param in (module.weight, module.bias):
             if param is not None and param.dtype != dtype:

@@ -204,13 +204,14 @@ class GrpoExpTrainer(GRPOTrainer):
         """train.lean_reference: the KL reference's Linear weights in bf16, off the model file's map, where its
         forwards run under bf16 autocast (core/lean_reference.py)."""
         amp = self.accelerator.native_amp and self.accelerator.mixed_precision == "bf16"
+        reference = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
         why_not = lean_reference.unsupported_reason(
-            self.ref_model, autocast_dtype=torch.bfloat16 if amp else None,
+            reference, autocast_dtype=torch.bfloat16 if amp else None,
             syncs_with_policy=bool(self.args.sync_ref_model), head_in_fp32=bool(self.args.cast_lm_head_to_fp32))
         if why_not:
             logger.info("train.lean_reference: the KL reference kept as TRL loads it (%s)", why_not)
             return
-        before, after = lean_reference.shrink(self.accelerator.unwrap_model(self.ref_model), torch.bfloat16)
+        before, after = lean_reference.shrink(reference, torch.bfloat16)
         logger.info("train.lean_reference: the KL reference's Linear weights in bf16 (%.0f MB of parameters, "
                     "%.0f before), off the model file's memory map", after / 2**20, before / 2**20)
 
