@@ -86,7 +86,7 @@ def main() -> None:
     attention.use(model, "grouped")
     model.eval()
     bf16 = cpu.resolve_precision("auto") == "bf16"
-    examples = data.build_examples("basic", "train", num_train=4, num_test=0, seed=3)
+    examples = data.build_examples("basic", "train", size=4, seed=3)
     prompts = [tokenizer.apply_chat_template(data.to_messages(e["question"], cfg.reward.system_prompt),
                                              tokenize=False, add_generation_prompt=True) for e in examples]
     rows = [ids for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"] for _ in range(4)]

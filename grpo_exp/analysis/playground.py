@@ -68,16 +68,18 @@ def run_settings(run_dir: str | Path) -> RunSettings:
 
 
 def held_out_problem(settings: RunSettings, index: int) -> tuple[str, str]:
-    """(question, answer) number `index` (wrapping) of the run's held-out split, as evaluation draws it."""
-    from grpo_exp.core.data import build_examples
+    """(question, answer) number `index` (wrapping) of the run's validation split, as periodic evaluation
+    draws it (the test split is kept for the figure a run reports)."""
+    from grpo_exp.core import data
 
     stage = settings.stage
-    examples = build_examples(stage.dataset, "test", num_train=0, num_test=int(stage.num_test), seed=settings.seed,
-                              path=stage.get("path"), hub_id=stage.get("hub_id", "openai/gsm8k"),
-                              hub_config=stage.get("hub_config", "main"),
-                              test_fraction=float(stage.get("test_fraction", 0.2)))
+    examples = data.build_examples(stage.dataset, "validation", size=int(stage.get("num_validation", 200)),
+                                   seed=settings.seed, path=stage.get("path"),
+                                   hub_id=stage.get("hub_id", "openai/gsm8k"), hub_config=stage.get("hub_config", "main"),
+                                   test_fraction=float(stage.get("test_fraction", data.TEST_FRACTION)),
+                                   validation_fraction=float(stage.get("validation_fraction", data.VALIDATION_FRACTION)))
     if not examples:
-        raise ValueError(f"the held-out split of stage {stage.name} is empty")
+        raise ValueError(f"the validation split of stage {stage.name} is empty")
     example = examples[index % len(examples)]
     return str(example["question"]), str(example["answer"])
 

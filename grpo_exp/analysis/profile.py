@@ -45,7 +45,7 @@ def run(args) -> int:
     cpu.apply(cfg.cpu)
     model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
     model.eval()
-    examples = data.build_examples("basic", "test", num_train=0, num_test=args.batch, seed=0)
+    examples = data.build_examples("basic", "train", size=args.batch, seed=0)
     prompts = [tokenizer.apply_chat_template(data.to_messages(ex["question"], cfg.reward.system_prompt),
                                              tokenize=False, add_generation_prompt=True) for ex in examples]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

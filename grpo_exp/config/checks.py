@@ -25,10 +25,11 @@ def validate(cfg: Any) -> None:
     if ev.forgetting_sets and not ev.every_steps:
         raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} is measured every eval.every_steps, "
                           f"which is off (null); set eval.every_steps=<N>")
-    if stage.dataset != "gsm8k" and ev.after_train and ev.limit > stage.num_test:
-        raise ConfigError(f"eval set '{stage.name}' holds {stage.num_test} held-out problems (stage.num_test) "
+    size = stage[f"num_{ev.split}"]
+    if stage.dataset != "gsm8k" and ev.after_train and ev.limit > size:
+        raise ConfigError(f"eval set '{stage.name}' holds {size} {ev.split} problems (stage.num_{ev.split}) "
                           f"but {ev.limit} were asked for (eval.limit={ev.limit}); lower the limit or raise "
-                          f"stage.num_test")
+                          f"stage.num_{ev.split}")
 
 
 def _check_init_split(cfg: Any) -> None:

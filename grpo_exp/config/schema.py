@@ -77,9 +77,13 @@ class StageConfig:
     hub_id: str = "openai/gsm8k"
     hub_config: str = "main"
     num_train: int = 2000  # GSM8K: 0 means the whole train split
+    # held-out sets: validation (periodic evaluation, every choice of a setting) and test (reported once)
+    num_validation: int = 200
     num_test: int = 200
-    # held-out share: of the expression space (generated levels) or of a single GSM8K file
-    test_fraction: float = 0.2
+    # held-out shares of the computations (generated levels) or of a single GSM8K file's questions; GSM8K's
+    # validation share is cut from its train split, its test split is its own
+    test_fraction: float = data.TEST_FRACTION
+    validation_fraction: float = data.VALIDATION_FRACTION
 
     DATASETS = data.DATASETS  # the generated levels and gsm8k
 
@@ -92,8 +96,13 @@ class StageConfig:
                     f"with train.jsonl/test.jsonl, or leave it empty to load {stage.hub_id} from the hub")
         if stage.dataset != "gsm8k":
             require(stage.num_train >= 1, f"stage.num_train={stage.num_train} must be >= 1")
-        require(0 < stage.test_fraction < 1,
-                f"stage.test_fraction={stage.test_fraction} must be between 0 and 1 (exclusive)")
+        for key in ("test_fraction", "validation_fraction"):
+            require(0 < stage[key] < 1, f"stage.{key}={stage[key]} must be between 0 and 1 (exclusive)")
+        require(stage.test_fraction + stage.validation_fraction < 1,
+                f"stage.test_fraction + stage.validation_fraction = "
+                f"{stage.test_fraction + stage.validation_fraction:g} leaves nothing to train on; keep it below 1")
+        require(stage.num_validation >= 1 and stage.num_test >= 1,
+                f"stage.num_validation={stage.num_validation} and stage.num_test={stage.num_test} must be >= 1")
 
 
 @dataclass
@@ -445,6 +454,9 @@ class EvalConfig:
     # after training: evaluate the trained model and the model it started from on the same held-out
     # problems, and print a before/after table with a paired McNemar test
     after_train: bool = True
+    # the held-out split scored after training and by grpo_exp.evaluate: test (report it once) or validation
+    # (what sweeps rank on); periodic and forgetting evaluations during training always use validation
+    split: str = "test"
     # names from conf/stage (basic, intermediate, two_step, multi_step, advanced, gsm8k); empty: the current stage
     sets: List[str] = field(default_factory=list)
     limit: int = 200  # problems per set: a fixed seeded subset of the held-out split
@@ -470,10 +482,13 @@ class EvalConfig:
     # curriculum fills it with the stages before the current one (curriculum.track_forgetting)
     forgetting_sets: List[str] = field(default_factory=list)
 
+    SPLITS = ("validation", "test")  # the training split is never scored as held-out
+
     @staticmethod
     def check(ev: Any) -> None:
         from grpo_exp.config.options import group_options
 
+        require_choice("eval.split", ev.split, EvalConfig.SPLITS)
         valid = group_options("stage")
         for name in ev.sets:
             require(name in valid, f"unknown eval set '{name}' in eval.sets; valid sets: {', '.join(valid)}")

@@ -159,6 +159,8 @@ def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "model_size_mb": round(model_size_mb(model), 1),
         "decoding": "sampled" if do_sample else "greedy",
+        # problems asking for different computations (generated levels' canonical key; GSM8K: the question)
+        "distinct": len({ex.get("key") or ex["question"] for ex in examples}),
     })
     if pass_k:
         n = num_samples or max(pass_k)

@@ -112,18 +112,18 @@ def check(cfg) -> Path | None:
             if not Path(stage.path).exists():
                 raise ConfigError(f"stage.path={stage.path} (GSM8K set '{name}') does not exist; give a GSM8K JSONL "
                                   f"file or a directory holding test.jsonl, or leave it empty for the hub")
-            held_out_split(stage, cfg.eval.limit, cfg.train.seed, name)  # a bad line or a short split fails here
-        elif stage.dataset != "gsm8k" and cfg.eval.limit > stage.num_test:
-            held_out_split(stage, cfg.eval.limit, cfg.train.seed, name)  # raises: the split is too small
+            held_out_split(stage, cfg.eval.split, cfg.eval.limit, cfg.train.seed, name)  # a bad line or a short split fails here
+        elif stage.dataset != "gsm8k" and cfg.eval.limit > stage[f"num_{cfg.eval.split}"]:
+            held_out_split(stage, cfg.eval.split, cfg.eval.limit, cfg.train.seed, name)  # raises: the split is too small
     return model_dir
 
 
 # --- data, model, evaluation -----------------------------------------------------------------
 
 def load_sets(cfg) -> list[EvalSet]:
-    """The problems of every eval set: the first eval.limit of its held-out test split.
+    """The problems of every eval set: the first eval.limit of its held-out split (eval.split).
 
-    The held-out split is the one training leaves out (drawn with the data seed, train.seed or the
+    The held-out splits are the ones training leaves out (drawn with the data seed, train.seed or the
     seed recorded by the checkpoint's run; GSM8K: its test file, shuffled with that seed), so the
     same config always gives the same problems, smaller limits give a prefix of larger ones, and
     curriculum runs score the same problems.
@@ -133,28 +133,36 @@ def load_sets(cfg) -> list[EvalSet]:
     sets = []
     for name in set_names(cfg):
         stage, max_new_tokens = set_settings(cfg, name)
-        split = held_out_split(stage, cfg.eval.limit, cfg.train.seed, name)
+        split = held_out_split(stage, cfg.eval.split, cfg.eval.limit, cfg.train.seed, name)
         source = "generated" if stage.dataset in data.LEVELS else str(stage.path or stage.hub_id)
         sets.append(EvalSet(name, stage.dataset, max_new_tokens, source, split[:cfg.eval.limit], len(split)))
     return sets
 
 
-def held_out_split(stage, limit: int, seed: int, name: str | None = None) -> list[dict]:
-    """The held-out test split of a stage that evaluations draw their first `limit` problems from;
-    a split smaller than `limit` is a one-line ConfigError naming both numbers."""
+def held_out_split(stage, split: str, limit: int, seed: int, name: str | None = None) -> list[dict]:
+    """The held-out split (validation or test) of a stage that evaluations draw their first `limit`
+    problems from; a split smaller than `limit` is a one-line ConfigError naming both numbers."""
     from grpo_exp.core import data
 
     name = name or stage.name
-    if stage.dataset in data.LEVELS and limit > stage.num_test:
-        raise ConfigError(f"eval set '{name}' holds {stage.num_test} held-out problems (stage.num_test) but "
-                          f"{limit} were asked for (eval.limit={limit}); lower the limit or raise stage.num_test")
-    split = data.build_examples(stage.dataset, "test", num_train=0, num_test=stage.num_test, seed=seed,
-                                path=stage.path, hub_id=stage.hub_id, hub_config=stage.hub_config,
-                                test_fraction=stage.test_fraction)
-    if len(split) < limit:
-        raise ConfigError(f"eval set '{name}' holds {len(split)} held-out problems but {limit} were asked for "
-                          f"(eval.limit={limit}); lower the limit or use a larger test split")
-    return split
+    size = stage[f"num_{split}"]
+    if stage.dataset in data.LEVELS and limit > size:
+        raise ConfigError(f"eval set '{name}' holds {size} {split} problems (stage.num_{split}) but "
+                          f"{limit} were asked for (eval.limit={limit}); lower the limit or raise stage.num_{split}")
+    problems = stage_split(stage, split, seed)
+    if len(problems) < limit:
+        raise ConfigError(f"eval set '{name}' holds {len(problems)} {split} problems but {limit} were asked for "
+                          f"(eval.limit={limit}); lower the limit or use a larger {split} split")
+    return problems
+
+
+def stage_split(stage, split: str, seed: int) -> list[dict]:
+    """All problems of one split of a stage node (conf/stage), sized by its stage.num_<split>."""
+    from grpo_exp.core import data
+
+    return data.build_examples(stage.dataset, split, size=stage[f"num_{split}"], seed=seed, path=stage.path,
+                               hub_id=stage.hub_id, hub_config=stage.hub_config,
+                               test_fraction=stage.test_fraction, validation_fraction=stage.validation_fraction)
 
 
 def recorded_data_settings(model_dir: Path | None) -> dict | None:
@@ -176,7 +184,7 @@ def use_recorded_split(cfg, model_dir: Path | None) -> str:
     cfg.train.seed = recorded["seed"]
     stage = recorded["stage"]
     if stage is not None and stage.get("name") == cfg.stage.name:
-        for key in ("num_test", "test_fraction", "path"):
+        for key in ("num_validation", "num_test", "test_fraction", "validation_fraction", "path"):
             if key in stage and not (key == "path" and cfg.stage.get("path")):
                 cfg.stage[key] = stage[key]
     return recorded["source"]
@@ -247,7 +255,8 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
         "seed": cfg.eval.seed,
         "data_seed": cfg.train.seed,
         "data_seed_from": cfg.get("data_seed_from") or "train.seed",
-        "split": "held-out test split (no canonical expression or source problem shared with training)",
+        # held-out: no computation (GSM8K: question) shared with training or with the other held-out split
+        "split": cfg.eval.split,
         "reward": cfg.reward.name,
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
@@ -333,7 +342,8 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
     trained_samples = read_jsonl(Path(run_dir) / "eval_samples.jsonl")
     before = starting_model_results(cfg, sets, start_model_dir)
     comparison = before_after(sets, before, {"sets": report["sets"], "samples": trained_samples},
-                              "start" if start_model_dir else "base")
+                              "start" if start_model_dir else "base", cfg.eval.split)
+    comparison["before_source"] = before.get("source")
     from grpo_exp.base.io import write_json
 
     write_json(Path(run_dir) / "before_after.json", comparison)
@@ -342,7 +352,7 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
     return {**report["sets"], "before_after": {name: c for name, c in comparison["sets"].items()}}
 
 
-def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = None) -> Path:
+def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = None) -> tuple[Path, dict]:
     """Cache file of the starting model's figures: keyed by everything that decides them. For an
     init_from model that includes its weight files' size and modification time, so a sweep of later
     stages from one run scores that run once, and a rewritten model/ is scored again."""
@@ -358,7 +368,7 @@ def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = No
         "system_prompt": cfg.reward.system_prompt,
         "eval": [cfg.eval.batch_size, cfg.eval.do_sample, cfg.eval.temperature, cfg.eval.seed,
                  list(cfg.eval.pass_k), pass_k_samples(cfg.eval), cfg.quantization.method],
-        "torch": torch.__version__,
+        **evaluation_machine(cfg),
     }
     if _samples(cfg.eval):  # greedy figures do not depend on the filters (old keys stay valid)
         key["sampling_filters"] = [cfg.eval.top_k, cfg.eval.top_p]
@@ -368,7 +378,28 @@ def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = No
                                                      for f in model_dir.iterdir() if f.is_file())]
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     folder, name = ("base_eval", cfg.model.name) if start_model_dir is None else ("start_eval", model_dir.parent.name)
-    return Path(cfg.paths.cache_dir) / folder / f"{name}-{digest}.json"
+    return Path(cfg.paths.cache_dir) / folder / f"{name}-{digest}.json", key
+
+
+def evaluation_machine(cfg) -> dict:
+    """What besides the model and the problems can change a model's answers: the thread count (it changes
+    the order of sums), the libraries' and the model package's versions, the precision training would pick
+    and the CPU's instruction set as torch uses it."""
+    from importlib import metadata
+
+    import torch
+
+    from grpo_exp.base.cpu import resolve_precision
+
+    def version(package: str | None) -> str | None:
+        try:
+            return metadata.version(package) if package else None
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": version("transformers"),
+            "trl": version("trl"), "model_package": [cfg.model.package, version(cfg.model.package)],
+            "precision": resolve_precision(cfg.train.precision), "isa": torch.backends.cpu.get_cpu_capability()}
 
 
 def starting_model_results(cfg, sets: list[EvalSet], start_model_dir: Path | None) -> dict:
@@ -376,21 +407,25 @@ def starting_model_results(cfg, sets: list[EvalSet], start_model_dir: Path | Non
     from grpo_exp.core.quantization import quantize_for_eval
     from grpo_exp.base.io import write_json
 
-    cache = _base_cache_path(cfg, sets, start_model_dir)
+    cache, key = _base_cache_path(cfg, sets, start_model_dir)
+    settings = {k: key[k] for k in evaluation_machine(cfg)}
     if cache.is_file():
         logger.info("starting model's figures from the cache: %s", cache)
-        return json.loads(cache.read_text())
+        before = json.loads(cache.read_text())
+        before["source"] = {"from": "cache", "path": str(cache), "settings": before.get("settings", settings)}
+        return before
     model, tokenizer = load_model(cfg, start_model_dir)
     eval_model = quantize_for_eval(model, cfg.quantization.method)
     results, samples = evaluate_sets(eval_model, tokenizer, sets, cfg, label="before")
     del model, eval_model
-    before = {"sets": results, "samples": samples}
+    before = {"sets": results, "samples": samples, "settings": settings}
     write_json(cache, before)
-    return before
+    return {**before, "source": {"from": "computed now", "path": str(cache), "settings": settings}}
 
 
-def before_after(sets: list[EvalSet], before: dict, after: dict, before_label: str) -> dict:
-    """Per set: both accuracies with intervals and the paired difference with McNemar's exact p."""
+def before_after(sets: list[EvalSet], before: dict, after: dict, before_label: str, split: str = "test") -> dict:
+    """Per set: both accuracies with intervals and the paired difference with McNemar's exact p, on the
+    held-out `split` (the table's heading names it)."""
     from grpo_exp.evaluation.stats import paired
 
     out, rows = {}, []
@@ -398,7 +433,7 @@ def before_after(sets: list[EvalSet], before: dict, after: dict, before_label: s
         b, a = before["sets"][s.name], after["sets"][s.name]
         pairs = paired([r for r in before["samples"] if r["set"] == s.name],
                        [r for r in after["samples"] if r["set"] == s.name])
-        out[s.name] = {"n": a["n"], "before": b["accuracy"], "after": a["accuracy"],
+        out[s.name] = {"n": a["n"], "distinct": a.get("distinct"), "before": b["accuracy"], "after": a["accuracy"],
                        "before_ci95": [b["accuracy_ci95_low"], b["accuracy_ci95_high"]],
                        "after_ci95": [a["accuracy_ci95_low"], a["accuracy_ci95_high"]],
                        "format_before": b["format_compliance"], "format_after": a["format_compliance"], **pairs}
@@ -406,10 +441,11 @@ def before_after(sets: list[EvalSet], before: dict, after: dict, before_label: s
         rows.append([f"{s.name} ({a['n']})", _accuracy_ci(b), _accuracy_ci(a),
                      f"{pairs['accuracy_diff']:+.3f} [{low:+.3f}, {high:+.3f}]",
                      f"{pairs['mcnemar_p']:.2g}", f"{b['format_compliance']:.2f} -> {a['format_compliance']:.2f}"])
-    lines = [markdown_table(["set (n)", f"{before_label} accuracy [95% CI]", "trained accuracy [95% CI]",
+    lines = [f"Greedy accuracy on the {split} split ({'held out, reported once' if split == 'test' else 'held out, for choosing settings'}):",
+             "", markdown_table(["set (n)", f"{before_label} accuracy [95% CI]", "trained accuracy [95% CI]",
                              "difference [paired 95% CI]",
                              "McNemar p", f"format {before_label} -> trained"], rows)]
-    return {"before": before_label, "sets": out, "table": "\n".join(lines)}
+    return {"before": before_label, "split": split, "sets": out, "table": "\n".join(lines)}
 
 
 def _accuracy_ci(m: dict) -> str:

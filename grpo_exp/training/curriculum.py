@@ -70,12 +70,12 @@ def format_table(stages: list[str], rows: list[tuple[str, list[float | None]]]) 
 
 def _evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list, limit: int, batch_size: int,
                   seed: int) -> list[dict]:
-    """Accuracy of one model on the held-out split of each given stage."""
+    """Accuracy of one model on the held-out split (eval.split) of each given stage."""
     model, tokenizer = models.load(model_cfg, cache_dir, seed=seed, init_from=model_dir)
     results = []
     for stage_cfg in stage_cfgs:
         # the problems `python -m grpo_exp.evaluate` scores for this stage with eval.limit=limit
-        examples = held_out_split(stage_cfg.stage, limit, stage_cfg.train.seed)[:limit]
+        examples = held_out_split(stage_cfg.stage, stage_cfg.eval.split, limit, stage_cfg.train.seed)[:limit]
         metrics, _ = evaluate(model, tokenizer, examples, system_prompt=stage_cfg.reward.system_prompt,
                               max_new_tokens=stage_cfg.train.max_completion_length, batch_size=batch_size,
                               seed=seed, desc=f"eval {stage_cfg.stage.name}")

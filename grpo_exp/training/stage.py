@@ -44,12 +44,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def stage_examples(cfg, split: str, stage_cfg=None) -> list[dict]:
-    stage = stage_cfg if stage_cfg is not None else cfg.stage
-    return data.build_examples(
-        stage.dataset, split, num_train=stage.num_train, num_test=stage.num_test, seed=cfg.train.seed,
-        path=stage.path, hub_id=stage.hub_id, hub_config=stage.hub_config, test_fraction=stage.test_fraction,
-    )
+def stage_examples(cfg, split: str) -> list[dict]:
+    """One split of the run's stage, drawn with its data seed (train.seed)."""
+    from grpo_exp.evaluation.run import stage_split
+
+    return stage_split(cfg.stage, split, cfg.train.seed)
 
 
 def check_init_from(cfg) -> None:
@@ -259,13 +258,13 @@ class StageRun:
         return trainer
 
     def held_out_eval(self, pending_logs: dict):
-        """The `eval.every_steps` callback: the first eval.every_limit problems of this stage's held-out split."""
-        from grpo_exp.evaluation.run import held_out_split
+        """The `eval.every_steps` callback: the first eval.every_limit problems of this stage's validation split
+        (a curve to choose settings by, so never the test split)."""
+        from grpo_exp.evaluation.run import stage_split
         from grpo_exp.training.periodic_eval import HeldOutEvalCallback
 
         cfg = self.cfg
-        limit = min(cfg.eval.every_limit, cfg.stage.num_test) if cfg.stage.dataset != "gsm8k" else cfg.eval.every_limit
-        examples = held_out_split(cfg.stage, limit, cfg.train.seed)[:limit]
+        examples = stage_split(cfg.stage, "validation", cfg.train.seed)[:cfg.eval.every_limit]
         return HeldOutEvalCallback(pending_logs, cfg.stage.name, examples, cfg.eval.every_steps,
                                    system_prompt=cfg.reward.system_prompt,
                                    max_new_tokens=cfg.train.max_completion_length, batch_size=cfg.eval.batch_size)
@@ -273,7 +272,7 @@ class StageRun:
     def forgetting_eval(self, pending_logs: dict):
         """The `eval.forgetting_sets` callback, its reference sampled from init_from's model/ on disk (the
         previous stage's policy, also when this stage resumes from a checkpoint)."""
-        from grpo_exp.evaluation.run import held_out_split, set_settings
+        from grpo_exp.evaluation.run import set_settings, stage_split
         from grpo_exp.training.forgetting import ForgettingCallback, sample_reference
 
         cfg = self.cfg
@@ -282,8 +281,7 @@ class StageRun:
         sets = []
         for name in dict.fromkeys(cfg.eval.forgetting_sets):
             stage, max_new_tokens = set_settings(cfg, name)
-            limit = min(cfg.eval.every_limit, stage.num_test) if stage.dataset != "gsm8k" else cfg.eval.every_limit
-            examples = held_out_split(stage, limit, cfg.train.seed, name)[:limit]
+            examples = stage_split(stage, "validation", cfg.train.seed)[:cfg.eval.every_limit]
             reference = sample_reference(previous, tokenizer, [ex["question"] for ex in examples],
                                          system_prompt=cfg.reward.system_prompt, max_new_tokens=max_new_tokens,
                                          seed=cfg.train.seed, batch_size=cfg.eval.batch_size)

@@ -109,7 +109,8 @@ class GrpoExpTrainer(GRPOTrainer):
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
                  share_prefixes: bool = False, logprob_kernel: str = "trl", saved_tensors: str = "plain",
-                 rollout_cfg=None, lean_reference: bool = False, **kwargs):
+                 rollout_cfg=None, lean_reference: bool = False, attention_choice: tuple[str, str] | None = None,
+                 **kwargs):
         self.on_nonfinite = on_nonfinite
         # on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that
         # trains on it), a NaN/inf loss the rest of its round; poisoned steps change no parameter or state
@@ -119,6 +120,10 @@ class GrpoExpTrainer(GRPOTrainer):
         kwargs["reward_funcs"] = [self._guard_reward(f) for f in kwargs["reward_funcs"]]
         super().__init__(*args, **kwargs)
         self.add_callback(_DropPoisonedUpdates(self))
+        if attention_choice is not None and self.ref_model is not None:
+            # TRL loads the KL reference afresh, with transformers' attention; with the policy's attention the
+            # KL at a step where the two hold the same weights is 0, not a rounding difference
+            attention.use(self.accelerator.unwrap_model(self.ref_model), *attention_choice)
         if lean_reference:
             self._shrink_reference()
         self.extra_loss = extra_loss
@@ -550,6 +555,7 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
         saved_tensors=cfg.train.saved_tensors,
         rollout_cfg=cfg.train,
         lean_reference=cfg.train.lean_reference,
+        attention_choice=(cfg.train.attention, cfg.train.attention_decode),
     )
 
 

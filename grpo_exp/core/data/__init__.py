@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import gsm8k
-from .generators import LEVELS, TEST_FRACTION, canonical, generate, generate_splits, is_test_key
+from .generators import (LEVELS, SPLITS, TEST_FRACTION, VALIDATION_FRACTION, band, canonical, generate,
+                         generate_split, split_of)
 from .gsm8k import DataFileError
 from .prompts import DEFAULT_SYSTEM_PROMPT, to_messages
 
@@ -15,42 +16,49 @@ if TYPE_CHECKING:
     import datasets
 
 DATASETS = (*LEVELS, "gsm8k")
-SPLITS = ("train", "test")
 
 __all__ = [
-    "DATASETS", "DEFAULT_SYSTEM_PROMPT", "DataFileError", "LEVELS", "SPLITS",
-    "TEST_FRACTION", "build_examples", "canonical", "generate", "is_test_key", "generate_splits", "to_dataset", "to_messages",
+    "DATASETS", "DEFAULT_SYSTEM_PROMPT", "DataFileError", "LEVELS", "SPLITS", "TEST_FRACTION",
+    "VALIDATION_FRACTION", "band", "build_examples", "canonical", "generate", "generate_split", "split_of",
+    "to_dataset", "to_messages",
 ]
 
 
-def build_examples(dataset: str, split: str, *, num_train: int, num_test: int, seed: int,
-                   path: str | Path | None = None, hub_id: str = "openai/gsm8k",
-                   hub_config: str = "main", test_fraction: float = TEST_FRACTION) -> list[dict]:
-    """Problems (question, answer, level, ...) for one split of ``dataset``.
+def build_examples(dataset: str, split: str, *, size: int, seed: int, path: str | Path | None = None,
+                   hub_id: str = "openai/gsm8k", hub_config: str = "main", test_fraction: float = TEST_FRACTION,
+                   validation_fraction: float = VALIDATION_FRACTION) -> list[dict]:
+    """Problems (question, answer, level, key, ...) for one split (train, validation or test) of ``dataset``.
 
-    The two splits never share a problem: generated levels are split by canonical expression
-    (`generators.generate_splits`); GSM8K takes its train and test splits from the hub or a
-    directory's train.jsonl/test.jsonl, and a single file is split in two by a seeded hash of each
-    question, ``test_fraction`` of it held out.
+    The splits never share a problem. Generated levels are cut by canonical computation
+    (`generators.split_of`), and their validation and test sets hold distinct computations. GSM8K's test
+    split is its test split (the hub's or a directory's test.jsonl); its validation split is the share
+    ``validation_fraction`` of its train split picked by a seeded hash of each question, and training gets
+    the rest. A single GSM8K file is cut in three bands by that hash. ``size`` 0 means all (GSM8K train);
+    a GSM8K validation or test split smaller than ``size`` is a one-line DataFileError.
     """
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; valid datasets: {', '.join(DATASETS)}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     if dataset in LEVELS:
-        if split == "test":
-            # The test split never depends on num_train, so skip generating train.
-            return generate_splits(dataset, 0, num_test, seed, test_fraction)[1]
-        return generate_splits(dataset, num_train, 0, seed, test_fraction)[0]
+        return generate_split(dataset, split, size, seed, test_fraction, validation_fraction)
     if path is not None and str(path) != "" and Path(path).is_file():
-        examples = [ex for ex in gsm8k.load(path, split, hub_id, hub_config)
-                    if is_test_key(ex["question"], seed, test_fraction) == (split == "test")]
-    else:
-        examples = gsm8k.load(path, split, hub_id, hub_config)
+        where = str(path)
+        examples = [ex for ex in gsm8k.load(path, "train", hub_id, hub_config)
+                    if split_of(ex["question"], seed, test_fraction, validation_fraction) == split]
+    elif split == "test":
+        where = f"the test split of {path or hub_id}"
+        examples = gsm8k.load(path, "test", hub_id, hub_config)
+    else:  # validation is carved out of the train split, which keeps the rest
+        where = f"the train split of {path or hub_id}"
+        examples = [ex for ex in gsm8k.load(path, "train", hub_id, hub_config)
+                    if (split_of(ex["question"], seed, 0.0, validation_fraction) == "validation") == (split == "validation")]
+    if split != "train" and len(examples) < size:
+        raise DataFileError(f"GSM8K {split} split holds {len(examples)} problems of {where}, fewer than the "
+                            f"{size} asked for (stage.num_{split}); lower stage.num_{split} or use a larger file")
     # Shuffle before truncating so a small subset is not just the file's first rows.
     random.Random(seed).shuffle(examples)
-    limit = num_train if split == "train" else num_test
-    return examples[:limit] if limit > 0 else examples
+    return examples[:size] if size > 0 else examples
 
 
 def to_dataset(examples: list[dict], system_prompt: str) -> "datasets.Dataset":

@@ -7,8 +7,14 @@ re-derived independently. Numbers are chosen so that every division is exact.
 
 from __future__ import annotations
 
+import hashlib
 import random
+from collections import Counter
 from typing import Callable
+
+from grpo_exp.base import log
+
+logger = log.get_logger(__name__)
 
 LEVELS = ("basic", "intermediate", "two_step", "multi_step", "advanced")
 
@@ -64,13 +70,17 @@ def _sub(rng: random.Random) -> Problem:
     return rng.choice(_SUB).format(a=a, b=b), f"{a} - {b}", a - b
 
 
+# A one-digit number times a number up to 40 (in either order): the one-digit times table alone holds 45
+# distinct products, too few for held-out sets of distinct computations (`MIN_HELD_OUT_KEYS`).
 def _mul(rng: random.Random) -> Problem:
-    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    a, b = rng.randint(2, 9), rng.randint(2, 40)
+    if rng.random() < 0.5:
+        a, b = b, a
     return rng.choice(_MUL).format(a=a, b=b), f"{a} * {b}", a * b
 
 
 def _div(rng: random.Random) -> Problem:
-    b, quotient = rng.randint(2, 9), rng.randint(1, 10)
+    b, quotient = rng.randint(2, 9), rng.randint(2, 40)
     a = b * quotient  # built from the quotient so the division is exact
     return rng.choice(_DIV).format(a=a, b=b), f"{a} // {b}", quotient
 
@@ -147,23 +157,25 @@ def _story_more_than(rng: random.Random) -> Problem:
     return q, f"{a} - {b}", a - b
 
 
+# The products and quotients of this level reach 40 per group, as basic's do, so that its held-out sets
+# can hold distinct computations (one-digit factors give 36 products).
 def _story_bags(rng: random.Random) -> Problem:
     name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
-    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    a, b = rng.randint(2, 9), rng.randint(2, 40)
     q = f"{name} has {a} bags with {b} {obj} in each bag. How many {obj} does {name} have?"
     return q, f"{a} * {b}", a * b
 
 
 def _story_price(rng: random.Random) -> Problem:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    count, price = rng.randint(2, 9), rng.randint(2, 9)
+    count, price = rng.randint(2, 9), rng.randint(2, 40)
     q = f"One {item} costs {price} dollars. How many dollars does {name} pay for {count} of them?"
     return q, f"{count} * {price}", count * price
 
 
 def _story_share(rng: random.Random) -> Problem:
     name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
-    friends, each = rng.randint(2, 9), rng.randint(2, 10)
+    friends, each = rng.randint(2, 9), rng.randint(2, 40)
     q = (f"{name} shares {friends * each} {obj} equally among {friends} friends. "
          f"How many {obj} does each friend get?")
     return q, f"{friends * each} // {friends}", each
@@ -171,15 +183,14 @@ def _story_share(rng: random.Random) -> Problem:
 
 def _story_rows(rng: random.Random) -> Problem:
     name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
-    per_row, rows = rng.randint(2, 9), rng.randint(2, 10)
+    per_row, rows = rng.randint(2, 9), rng.randint(2, 40)
     q = f"{name} puts {per_row * rows} {obj} in rows of {per_row}. How many rows does {name} make?"
     return q, f"{per_row * rows} // {per_row}", rows
 
 
 # --- multi_step: two or three operations in words and expressions ---------------------------
 # This was the intermediate stage until its problems proved out of reach of the basic-trained
-# 135M model (pass@8 0.12-0.14, README "Curriculum calibration"); it keeps intermediate's random
-# streams (`_STREAM_NAMES`), so the figures measured on it then (experiment=ewc_forgetting) reproduce.
+# 135M model (pass@8 0.12-0.14; docs/log.md).
 # Numbers stay small (mostly under 30): with two-digit operands throughout the model did no better.
 
 def _buy_and_give(rng: random.Random) -> Problem:
@@ -221,9 +232,10 @@ def _shelf(rng: random.Random) -> Problem:
 
 def _change(rng: random.Random) -> Problem:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    count, price = rng.randint(2, 5), rng.randint(2, 9)
-    # count * price <= 45, so a 50-dollar bill always covers it
-    bill = rng.choice([b for b in (10, 20, 50) if b > count * price])
+    count, price = rng.randint(2, 9), rng.randint(2, 19)
+    # count * price <= 171, so a 200-dollar bill always covers it; this range gives the held-out sets enough
+    # distinct computations (up to 5 items at up to 9 dollars gave about 60)
+    bill = rng.choice([b for b in (10, 20, 50, 100, 200) if b > count * price])
     q = (f"{name} buys {count} of the same {item} at {price} dollars each and pays with "
          f"{bill} dollars. How much change, in dollars, does {name} get back?")
     return q, f"{bill} - {count} * {price}", bill - count * price
@@ -247,7 +259,7 @@ def _expr_paren(rng: random.Random) -> Problem:
 
 def _ages(rng: random.Random) -> Problem:
     x, y, z = rng.sample(NAMES, 3)
-    a, b = rng.randint(3, 15), rng.randint(1, 10)
+    a, b = rng.randint(3, 30), rng.randint(1, 15)
     q = (f"{x} is {a} years old. {y} is {b} years older than {x}, and {z} is twice as old "
          f"as {y}. How old is {z}?")
     return q, f"2 * ({a} + {b})", 2 * (a + b)
@@ -368,13 +380,14 @@ _TEMPLATES: dict[str, tuple[Template, ...]] = {
 }
 
 
-# Levels that draw from another name's random streams: multi_step was called intermediate when the
-# README's EWC figures were measured on it, and keeping its streams keeps their problems identical.
-_STREAM_NAMES = {"multi_step": "intermediate"}
-
 _MAX_CONSECUTIVE_DUPLICATES = 10_000
-# Share of each level's expression space that is held out for testing (see `is_test_key`).
-TEST_FRACTION = 0.2
+# Draws in a row after which a template's held-out band counts as used up (no unused computation left).
+_EXHAUSTED_AFTER = 3_000
+
+SPLITS = ("train", "validation", "test")
+# Shares of each level's computations held out for testing and for validation (`split_of`); the rest trains.
+TEST_FRACTION = 0.25
+VALIDATION_FRACTION = 0.25
 
 
 def _templates(level: str) -> tuple[Template, ...]:
@@ -419,30 +432,43 @@ def canonical(expression: str) -> str:
     return key(ast.parse(expression, mode="eval"))
 
 
-def is_test_key(key: str, seed: int, test_fraction: float = TEST_FRACTION) -> bool:
-    """Whether a canonical expression belongs to the held-out side of the (seeded) partition.
-
-    Hashing the key rather than sampling test problems first keeps ``1 - test_fraction`` of every
-    template's expressions for training even where a template has few (one-digit products).
-    """
-    import hashlib
-
+def band(key: str, seed: int) -> float:
+    """The (seeded) position in [0, 1) of a canonical computation or a question; `split_of` cuts it into bands."""
     digest = hashlib.sha256(f"grpo-exp/split/{seed}/{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < test_fraction
+    return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def _sample(level: str, n: int, rng: random.Random, accept: Callable[[str], bool]) -> list[dict]:
-    """``n`` problems with distinct questions whose canonical expression passes ``accept``."""
+def split_of(key: str, seed: int, test_fraction: float = TEST_FRACTION,
+             validation_fraction: float = VALIDATION_FRACTION) -> str:
+    """Which split a canonical computation belongs to: test below ``test_fraction``, validation in the next
+    ``validation_fraction``, train above. The partition depends on the key and the seed only, so it is the
+    same for every level: a computation held out at one level is never trained on at another.
+
+    Hashing keys rather than sampling held-out problems first keeps the train share of every template's
+    computations even where a template has few.
+    """
+    position = band(key, seed)
+    if position < test_fraction:
+        return "test"
+    return "validation" if position < test_fraction + validation_fraction else "train"
+
+
+def _problem(level: str, template: Template, rng: random.Random) -> dict:
+    question, expression, answer = template(rng)
+    return {"question": question, "answer": str(answer), "level": level, "expression": expression,
+            "key": canonical(expression), "template": template.__name__.lstrip("_")}
+
+
+def _sample_train(level: str, n: int, rng: random.Random, accept: Callable[[str], bool]) -> list[dict]:
+    """``n`` problems with distinct questions whose canonical computation passes ``accept``; a
+    computation may recur in other words (the model trains on it either way)."""
     templates = _templates(level)
-    if n < 0:
-        raise ValueError(f"number of problems must be >= 0, got {n}")
     seen: set[str] = set()
     problems: list[dict] = []
     misses = 0
     while len(problems) < n:
-        question, expression, answer = rng.choice(templates)(rng)
-        key = canonical(expression)
-        if question in seen or not accept(key):
+        problem = _problem(level, rng.choice(templates), rng)
+        if problem["question"] in seen or not accept(problem["key"]):
             misses += 1
             # Misses are common (the partition rejects most draws) but never this many in a row
             # until the space is nearly used up.
@@ -452,32 +478,77 @@ def _sample(level: str, n: int, rng: random.Random, accept: Callable[[str], bool
                     f"(got {len(problems)}); ask for fewer")
             continue
         misses = 0
-        seen.add(question)
-        problems.append({"question": question, "answer": str(answer),
-                         "level": level, "expression": expression, "key": key})
+        seen.add(problem["question"])
+        problems.append(problem)
+    return problems
+
+
+def _sample_held_out(level: str, split: str, n: int, rng: random.Random,
+                     accept: Callable[[str], bool]) -> list[dict]:
+    """Up to ``n`` problems whose canonical computations are all different and pass ``accept``, with
+    the level's templates in the proportions training draws them (a quota each).
+
+    Where a template's band holds fewer distinct computations than its quota, every quota shrinks by the
+    same factor, so the set keeps the level's mix at the size that exists, and a warning says so.
+    """
+    templates = _templates(level)
+    weights = Counter(templates)  # a template listed twice is drawn twice as often
+    quota = {t: n * w // len(templates) for t, w in weights.items()}
+    for t in list(weights)[: n - sum(quota.values())]:
+        quota[t] += 1
+    drawn: dict[Template, list[dict]] = {t: [] for t in weights}
+    misses = dict.fromkeys(weights, 0)
+    keys: set[str] = set()
+    open_templates = [t for t in weights if quota[t] > 0]
+    while open_templates:
+        template = rng.choice(open_templates)
+        problem = _problem(level, template, rng)
+        if problem["key"] in keys or not accept(problem["key"]):
+            misses[template] += 1
+            if misses[template] >= _EXHAUSTED_AFTER:
+                open_templates.remove(template)  # its band holds no unused computation
+            continue
+        misses[template] = 0
+        keys.add(problem["key"])
+        drawn[template].append(problem)
+        if len(drawn[template]) == quota[template]:
+            open_templates.remove(template)
+    scale = min((len(drawn[t]) / quota[t] for t in quota if quota[t]), default=1.0)
+    if scale < 1:
+        short = ", ".join(f"{t.__name__.lstrip('_')} {len(drawn[t])} of {quota[t]}"
+                          for t in quota if len(drawn[t]) < quota[t])
+        drawn = {t: rows[: int(quota[t] * scale)] for t, rows in drawn.items()}
+        logger.warning(
+            "%s %s: %d problems instead of %d, to keep the level's mix with distinct computations (%s)",
+            level, split, sum(map(len, drawn.values())), n, short)
+    problems = [p for rows in drawn.values() for p in rows]
+    rng.shuffle(problems)  # a prefix (eval.limit) keeps the mix too
     return problems
 
 
 def generate(level: str, n: int, seed: int) -> list[dict]:
     """``n`` distinct problems of ``level``; the same (level, n, seed) gives the same list."""
-    return _sample(level, n, random.Random(seed), lambda key: True)
+    return _sample_train(level, n, random.Random(seed), lambda key: True)
 
 
-def generate_splits(level: str, num_train: int, num_test: int, seed: int,
-                    test_fraction: float = TEST_FRACTION) -> tuple[list[dict], list[dict]]:
-    """(train, test) splits that share no canonical expression.
+def generate_split(level: str, split: str, n: int, seed: int, test_fraction: float = TEST_FRACTION,
+                   validation_fraction: float = VALIDATION_FRACTION) -> list[dict]:
+    """``n`` problems of one split of ``level``; the three splits share no canonical computation.
 
-    The expression space is partitioned by a seeded hash (`is_test_key`); test problems come from
-    the held-out side, training problems from the other, each with distinct questions and the
-    templates in the same proportions. Neither split depends on the other's size.
+    Training problems have distinct questions; validation and test problems have distinct computations,
+    each set sized to what its band holds (`_sample_held_out`). Each split has its own seeded random
+    stream, so none depends on another's size.
     """
-    # Salted string seeds give independent, reproducible streams (str seeds hash via sha512).
-    # Both splits are drawn the same way, so the test split keeps the stage's mix of templates.
-    # Requiring distinct computations in the test split too skewed it: once the few held-out
-    # one-digit products were used up, only sums and differences could fill it (3% products).
-    stream = _STREAM_NAMES.get(level, level)
-    test = _sample(level, num_test, random.Random(f"grpo-exp/{stream}/test/{seed}"),
-                   lambda key: is_test_key(key, seed, test_fraction))
-    train = _sample(level, num_train, random.Random(f"grpo-exp/{stream}/train/{seed}"),
-                    lambda key: not is_test_key(key, seed, test_fraction))
-    return train, test
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    if n < 0:
+        raise ValueError(f"number of problems must be >= 0, got {n}")
+    _templates(level)  # an unknown level fails before any drawing
+    rng = random.Random(f"grpo-exp/{level}/{split}/{seed}")  # salted string seeds: independent streams
+
+    def accept(key: str) -> bool:
+        return split_of(key, seed, test_fraction, validation_fraction) == split
+
+    if split == "train":
+        return _sample_train(level, n, rng, accept)
+    return _sample_held_out(level, split, n, rng, accept)
