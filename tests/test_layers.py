@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "grpo_exp"
 LAYERS = ["base", "core", "config", "evaluation", "training", "analysis", "apps"]
 # `python -m grpo_exp.train` / `grpo_exp.evaluate` / `grpo_exp.app`: the commands users know, kept as one-line shims over apps/
-SHIMS = {"grpo_exp.train", "grpo_exp.evaluate", "grpo_exp.app"}
+SHIMS = {"grpo_exp.train", "grpo_exp.evaluate", "grpo_exp.app", "grpo_exp.data"}
 
 
 def module_name(path: Path) -> str:

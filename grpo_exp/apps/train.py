@@ -37,8 +37,10 @@ def check(cfg) -> None:
     # second, not after the ~8 s that importing the training stack takes
     validate(cfg)
     check_available(cfg.model, cfg.paths.cache_dir)
+    from grpo_exp.evaluation.run import check_held_out
     from grpo_exp.training.stage import check_init_from
 
+    check_held_out(cfg)
     check_init_from(cfg)
 
 

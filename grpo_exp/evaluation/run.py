@@ -118,6 +118,22 @@ def check(cfg) -> Path | None:
     return model_dir
 
 
+def check_held_out(cfg) -> None:
+    """A training run's held-out sets, read before any model loads: validation for the periodic evaluation
+    (eval.every_limit problems) and eval.split after training (eval.limit), so a GSM8K file too small for
+    either, or with a bad line, fails in one line rather than after training. The hub is left for the run."""
+    stage = cfg.stage
+    if stage.dataset != "gsm8k" or not stage.path:
+        return  # generated levels are sized by the config's own checks
+    needed = {}
+    if cfg.eval.every_steps:
+        needed["validation"] = cfg.eval.every_limit
+    if cfg.eval.after_train:
+        needed[cfg.eval.split] = max(cfg.eval.limit, needed.get(cfg.eval.split, 0))
+    for split, limit in needed.items():
+        held_out_split(stage, split, limit, cfg.train.seed)
+
+
 # --- data, model, evaluation -----------------------------------------------------------------
 
 def load_sets(cfg) -> list[EvalSet]:
@@ -149,18 +165,21 @@ def held_out_split(stage, split: str, limit: int, seed: int, name: str | None = 
     if stage.dataset in data.LEVELS and limit > size:
         raise ConfigError(f"eval set '{name}' holds {size} {split} problems (stage.num_{split}) but "
                           f"{limit} were asked for (eval.limit={limit}); lower the limit or raise stage.num_{split}")
-    problems = stage_split(stage, split, seed)
+    # GSM8K's held-out sets are whole splits of its files, of which the first `limit` are scored
+    problems = stage_split(stage, split, seed, size=0 if stage.dataset == "gsm8k" else None)
     if len(problems) < limit:
         raise ConfigError(f"eval set '{name}' holds {len(problems)} {split} problems but {limit} were asked for "
                           f"(eval.limit={limit}); lower the limit or use a larger {split} split")
     return problems
 
 
-def stage_split(stage, split: str, seed: int) -> list[dict]:
-    """All problems of one split of a stage node (conf/stage), sized by its stage.num_<split>."""
+def stage_split(stage, split: str, seed: int, size: int | None = None) -> list[dict]:
+    """The problems of one split of a stage node (conf/stage): stage.num_<split> of them unless `size` is
+    given (0: all, for a GSM8K file)."""
     from grpo_exp.core import data
 
-    return data.build_examples(stage.dataset, split, size=stage[f"num_{split}"], seed=seed, path=stage.path,
+    size = stage[f"num_{split}"] if size is None else size
+    return data.build_examples(stage.dataset, split, size=size, seed=seed, path=stage.path,
                                hub_id=stage.hub_id, hub_config=stage.hub_config,
                                test_fraction=stage.test_fraction, validation_fraction=stage.validation_fraction)
 

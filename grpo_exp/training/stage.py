@@ -260,11 +260,10 @@ class StageRun:
     def held_out_eval(self, pending_logs: dict):
         """The `eval.every_steps` callback: the first eval.every_limit problems of this stage's validation split
         (a curve to choose settings by, so never the test split)."""
-        from grpo_exp.evaluation.run import stage_split
         from grpo_exp.training.periodic_eval import HeldOutEvalCallback
 
         cfg = self.cfg
-        examples = stage_split(cfg.stage, "validation", cfg.train.seed)[:cfg.eval.every_limit]
+        examples = validation_subset(cfg, cfg.stage)
         return HeldOutEvalCallback(pending_logs, cfg.stage.name, examples, cfg.eval.every_steps,
                                    system_prompt=cfg.reward.system_prompt,
                                    max_new_tokens=cfg.train.max_completion_length, batch_size=cfg.eval.batch_size)
@@ -272,7 +271,7 @@ class StageRun:
     def forgetting_eval(self, pending_logs: dict):
         """The `eval.forgetting_sets` callback, its reference sampled from init_from's model/ on disk (the
         previous stage's policy, also when this stage resumes from a checkpoint)."""
-        from grpo_exp.evaluation.run import set_settings, stage_split
+        from grpo_exp.evaluation.run import set_settings
         from grpo_exp.training.forgetting import ForgettingCallback, sample_reference
 
         cfg = self.cfg
@@ -281,7 +280,7 @@ class StageRun:
         sets = []
         for name in dict.fromkeys(cfg.eval.forgetting_sets):
             stage, max_new_tokens = set_settings(cfg, name)
-            examples = stage_split(stage, "validation", cfg.train.seed)[:cfg.eval.every_limit]
+            examples = validation_subset(cfg, stage, name)
             reference = sample_reference(previous, tokenizer, [ex["question"] for ex in examples],
                                          system_prompt=cfg.reward.system_prompt, max_new_tokens=max_new_tokens,
                                          seed=cfg.train.seed, batch_size=cfg.eval.batch_size)
@@ -371,6 +370,16 @@ class StageRun:
         # Written last: its "completed" status is what marks the stage as done for resume.
         write_json(run_dir / "metrics.json", metrics)
         return metrics
+
+
+def validation_subset(cfg, stage, name: str | None = None) -> list[dict]:
+    """The first eval.every_limit problems of a stage's validation split: what is scored during training."""
+    from grpo_exp.evaluation.run import held_out_split
+
+    limit = cfg.eval.every_limit
+    if stage.dataset != "gsm8k":
+        limit = min(limit, stage.num_validation)
+    return held_out_split(stage, "validation", limit, cfg.train.seed, name)[:limit]
 
 
 def _tracking(name: str):

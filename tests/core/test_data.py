@@ -19,7 +19,7 @@ from grpo_exp.core.data import (
     to_messages,
 )
 from grpo_exp.core.data import generators
-from grpo_exp.core.data.generators import LEVELS, generate, generate_splits
+from grpo_exp.core.data.generators import LEVELS, SPLITS, generate, generate_split
 from grpo_exp.core.data.gsm8k import load_jsonl, parse_gsm8k_answer
 from tests.conftest import SHARED_GSM8K
 
@@ -99,17 +99,6 @@ def test_intermediate_is_one_operation_in_words():
     assert {re.search(r"[-+*]|//", p["expression"]).group() for p in problems} == {"+", "-", "*", "//"}
 
 
-def test_multi_step_keeps_the_problems_it_had_as_intermediate():
-    # The README's EWC figures were measured on this stage under the name intermediate (seed 42);
-    # these are the first problems of that split, as generated before the rename.
-    train, test = generate_splits("multi_step", 30, 10, seed=42)
-    assert train[0]["question"] == ("A shelf holds 10 books. Liam takes away 4 books, puts back 1 books "
-                                    "and then takes away 1 more. How many books are on the shelf now?")
-    assert test[0]["question"] == ("Diego buys 3 of the same mug at 7 dollars each and pays with 50 dollars. "
-                                   "How much change, in dollars, does Diego get back?")
-    assert {p["level"] for p in train + test} == {"multi_step"}
-
-
 def test_basic_has_three_phrasings_per_operation():
     by_op: dict[str, set[str]] = {}
     for p in generate("basic", 600, seed=9):
@@ -125,60 +114,86 @@ def test_generated_questions_are_unique(level):
     assert len(set(questions)) == len(questions)
 
 
-@pytest.mark.parametrize("level", LEVELS)
-def test_splits_disjoint_and_test_independent_of_num_train(level):
-    train, test = generate_splits(level, 400, 100, seed=7)
-    assert len(train) == 400 and len(test) == 100
-    assert not {p["question"] for p in train} & {p["question"] for p in test}
-    _, test_small = generate_splits(level, 10, 100, seed=7)
-    assert test_small == test
-    assert generate_splits(level, 400, 100, seed=8)[1] != test
+def splits(level: str, seed: int, train: int = 2000, held_out: int = 200) -> dict[str, list[dict]]:
+    return {split: generate_split(level, split, train if split == "train" else held_out, seed) for split in SPLITS}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 42, 1234])
 @pytest.mark.parametrize("level", LEVELS)
-def test_no_test_expression_occurs_in_training(level, seed):
-    """Held out means held out: not the same computation in other words, nor with operands swapped."""
-    train, test = generate_splits(level, 2000, 200, seed=seed)
-    train_keys = {generators.canonical(p["expression"]) for p in train}
-    test_keys = [generators.canonical(p["expression"]) for p in test]
-    assert not train_keys & set(test_keys)
-    # A commuted copy of a test problem is recognised as the same computation.
-    for p in test:
+def test_three_partitions_are_disjoint_and_held_out_sets_distinct(level, seed):
+    """Held out means held out: no computation of validation or test is trained on (not in other words, nor
+    with operands swapped), validation and test share none, and neither repeats one."""
+    drawn = splits(level, seed)
+    keys = {split: [generators.canonical(p["expression"]) for p in rows] for split, rows in drawn.items()}
+    assert all(p["key"] == generators.canonical(p["expression"]) for rows in drawn.values() for p in rows)
+    for a, b in (("train", "validation"), ("train", "test"), ("validation", "test")):
+        assert not set(keys[a]) & set(keys[b]), (a, b)
+    for split in ("validation", "test"):
+        assert len(keys[split]) == 200 and len(set(keys[split])) == 200, split
+        assert {generators.split_of(k, seed) for k in keys[split]} == {split}
+    assert {generators.split_of(k, seed) for k in keys["train"]} == {"train"}
+    # A commuted copy of a held-out problem is recognised as the same computation.
+    for p in drawn["test"]:
         if p["expression"].count(" ") == 2 and p["expression"].split()[1] in "+*":
             a, op, b = p["expression"].split()
-            assert generators.canonical(f"{b} {op} {a}") in set(test_keys)
+            assert generators.canonical(f"{b} {op} {a}") in set(keys["test"])
+
+
+def test_the_partition_is_the_same_for_every_level():
+    """A computation's split depends on it and the seed only: held out at one level, never trained at another."""
+    assert generators.split_of("(Add 3 4)", 7) == generators.split_of(generators.canonical("4 + 3"), 7)
+    shared = {}
+    for level in LEVELS:
+        for split, rows in splits(level, 5, train=300, held_out=50).items():
+            for p in rows:
+                assert shared.setdefault(p["key"], split) == split, (level, p["key"])
+
+
+def test_band_shares_follow_the_fractions():
+    positions = [generators.split_of(str(i), 3) for i in range(20_000)]
+    for split, share in (("test", 0.25), ("validation", 0.25), ("train", 0.5)):
+        assert abs(positions.count(split) / len(positions) - share) < 0.02, split
+    assert {generators.split_of(str(i), 3, 0.1, 0.3) for i in range(100)} == {"train", "validation", "test"}
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_test_split_keeps_the_stage_mix(level):
-    """The held-out split is scored as the stage: each template about as common as in training.
+def test_held_out_sets_keep_the_level_mix(level):
+    """Each template gets its share of the set (templates listed twice, twice the share)."""
+    from collections import Counter
 
-    (Requiring distinct computations in the test split once left basic with 3% products, whose
-    held-out space is a handful of one-digit pairs, against 13% in training.)
-    """
-    train, test = generate_splits(level, 2000, 200, seed=42)
-
-    def shares(problems):
-        shapes = [re.sub(r"\d+", "N", p["expression"]) for p in problems]
-        return {s: shapes.count(s) / len(shapes) for s in set(shapes)}
-
-    train_share, test_share = shares(train), shares(test)
-    for shape, share in train_share.items():
-        assert test_share.get(shape, 0.0) >= share / 2, (shape, share, test_share.get(shape))
+    weights = Counter(generators._TEMPLATES[level])
+    for split in ("validation", "test"):
+        counts = Counter(p["template"] for p in generate_split(level, split, 200, seed=42))
+        for template, weight in weights.items():
+            expected = 200 * weight / len(generators._TEMPLATES[level])
+            assert abs(counts[template.__name__.lstrip("_")] - expected) <= 1, (split, template.__name__, counts)
 
 
-def test_canonical_expression_key():
-    c = generators.canonical
-    assert c("3 + 4") == c("4 + 3") and c("2 * 9") == c("9 * 2")
-    assert c("(1 + 2) + 3") == c("3 + (2 + 1)") and c("2 * (4 + 3) - 1") == c("(3 + 4) * 2 - 1")
-    assert c("7 - 3") != c("3 - 7") and c("12 // 3") != c("3 // 12") and c("3 + 4") != c("3 * 4")
+def test_splits_do_not_depend_on_each_other_or_on_size_beyond_their_own():
+    small, large = splits("basic", 7, train=10, held_out=40), splits("basic", 7, train=400, held_out=40)
+    assert small["test"] == large["test"] and small["validation"] == large["validation"]
+    assert generate_split("basic", "test", 40, seed=8) != small["test"]
+
+
+def test_a_band_too_small_gives_a_smaller_set_with_the_same_mix(monkeypatch, caplog):
+    """Where a template's band holds too few distinct computations, every template's quota shrinks alike."""
+    def _few(rng):  # 9 computations in all, about 2 per held-out band
+        a = rng.randint(1, 9)
+        return f"What is {a} + 100?", f"{a} + 100", a + 100
+
+    monkeypatch.setitem(generators._TEMPLATES, "basic", (generators._sub, _few))
+    with caplog.at_level("WARNING"):
+        rows = generate_split("basic", "test", 40, seed=0)
+    few = [p for p in rows if p["template"] == "few"]
+    assert 0 < len(few) <= 9 and len(rows) == 2 * len(few)
+    assert len({p["key"] for p in rows}) == len(rows)
+    assert "instead of 40" in caplog.text
 
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_every_template_keeps_training_problems(level):
     """The partition holds out a share of each template's expressions, never a whole template."""
-    train, _ = generate_splits(level, 2000, 200, seed=42)
+    train = generate_split(level, "train", 2000, seed=42)
     templates = generators._TEMPLATES[level]
     shapes = {re.sub(r"\d+", "N", p["expression"]) for p in train}
     import random
@@ -188,11 +203,14 @@ def test_every_template_keeps_training_problems(level):
 
 
 def test_impossible_request_raises(monkeypatch):
-    # Single-digit products only: 81 numbers x 4 phrasings = 324 distinct questions.
-    monkeypatch.setitem(generators._TEMPLATES, "basic", (generators._mul,))
-    assert len(generate("basic", 324, seed=0)) == 324
+    def _three(rng):  # 3 distinct questions in all
+        a = rng.randint(1, 3)
+        return f"What is {a} + 1?", f"{a} + 1", a + 1
+
+    monkeypatch.setitem(generators._TEMPLATES, "basic", (_three,))
+    assert len(generate("basic", 3, seed=0)) == 3
     with pytest.raises(ValueError, match="distinct"):
-        generate("basic", 325, seed=0)
+        generate("basic", 4, seed=0)
 
 
 def test_unknown_level():
@@ -294,44 +312,58 @@ def gsm8k_dir(tmp_path):
 
 
 def test_build_examples_gsm8k_directory(gsm8k_dir):
-    train = build_examples("gsm8k", "train", num_train=5, num_test=0, seed=1, path=str(gsm8k_dir))
+    train = build_examples("gsm8k", "train", size=5, seed=1, path=str(gsm8k_dir))
     assert len(train) == 5 and all(e["question"].startswith("Train") for e in train)
-    assert train == build_examples("gsm8k", "train", num_train=5, num_test=0, seed=1,
-                                   path=gsm8k_dir)
-    test = build_examples("gsm8k", "test", num_train=5, num_test=0, seed=1, path=gsm8k_dir)
+    assert train == build_examples("gsm8k", "train", size=5, seed=1, path=gsm8k_dir)
+    test = build_examples("gsm8k", "test", size=0, seed=1, path=gsm8k_dir)
     assert len(test) == 10 and all(e["question"].startswith("Test") for e in test)
     assert {e["answer"] for e in test} == {str(i * 2) for i in range(600, 610)}
     # A shuffle, not the file order.
     assert [e["question"] for e in test] != sorted(e["question"] for e in test)
+    # Validation is carved out of the train split by a hash of the question; training keeps the rest.
+    validation = build_examples("gsm8k", "validation", size=0, seed=1, path=gsm8k_dir, validation_fraction=0.5)
+    rest = build_examples("gsm8k", "train", size=0, seed=1, path=gsm8k_dir, validation_fraction=0.5)
+    assert validation and all(e["question"].startswith("Train") for e in validation)
+    assert not {e["question"] for e in validation} & {e["question"] for e in rest}
+    assert len(validation) + len(rest) == 20
 
 
-def test_build_examples_gsm8k_single_file_is_split_disjointly(tmp_path):
+def test_gsm8k_split_smaller_than_asked_is_one_line(gsm8k_dir):
+    with pytest.raises(DataFileError, match=r"GSM8K test split holds 10 problems .* fewer than the 11 asked for "
+                                            r"\(stage.num_test\)") as info:
+        build_examples("gsm8k", "test", size=11, seed=1, path=gsm8k_dir)
+    assert "\n" not in str(info.value)
+    with pytest.raises(DataFileError, match=r"stage.num_validation"):
+        build_examples("gsm8k", "validation", size=50, seed=1, path=gsm8k_dir)
+
+
+def test_build_examples_gsm8k_single_file_is_split_in_three(tmp_path):
     rows = [{"question": f"Problem {i}: what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(400)]
     file = tmp_path / "all.jsonl"
     write_jsonl(file, [json.dumps(r) for r in rows])
-    train = build_examples("gsm8k", "train", num_train=0, num_test=0, seed=3, path=str(file))
-    test = build_examples("gsm8k", "test", num_train=0, num_test=0, seed=3, path=str(file))
-    assert not {e["question"] for e in train} & {e["question"] for e in test}
-    assert len(train) + len(test) == 400
-    assert 0.12 < len(test) / 400 < 0.28  # the stated test_fraction, 0.2
-    half = build_examples("gsm8k", "test", num_train=0, num_test=0, seed=3, path=str(file), test_fraction=0.5)
+    parts = {split: {e["question"] for e in build_examples("gsm8k", split, size=0, seed=3, path=str(file))}
+             for split in SPLITS}
+    assert not parts["train"] & parts["test"] and not parts["train"] & parts["validation"]
+    assert not parts["validation"] & parts["test"]
+    assert sum(map(len, parts.values())) == 400
+    assert 0.18 < len(parts["test"]) / 400 < 0.32 and 0.18 < len(parts["validation"]) / 400 < 0.32
+    half = build_examples("gsm8k", "test", size=0, seed=3, path=str(file), test_fraction=0.5)
     assert 0.4 < len(half) / 400 < 0.6
     # another seed draws another partition, still disjoint
-    other = build_examples("gsm8k", "train", num_train=0, num_test=0, seed=4, path=str(file))
-    assert {e["question"] for e in other} != {e["question"] for e in train}
+    other = build_examples("gsm8k", "train", size=0, seed=4, path=str(file))
+    assert {e["question"] for e in other} != parts["train"]
 
 
 def test_build_examples_generated_levels():
-    train = build_examples("intermediate", "train", num_train=30, num_test=10, seed=4)
-    test = build_examples("intermediate", "test", num_train=30, num_test=10, seed=4)
-    assert (train, test) == generate_splits("intermediate", 30, 10, seed=4)
+    for split in SPLITS:
+        assert build_examples("intermediate", split, size=30, seed=4) == generate_split("intermediate", split, 30, 4)
 
 
 def test_build_examples_rejects_bad_names():
     with pytest.raises(ValueError, match=r"'mathqa'.*gsm8k"):
-        build_examples("mathqa", "train", num_train=1, num_test=1, seed=0)
-    with pytest.raises(ValueError, match="'validation'"):
-        build_examples("basic", "validation", num_train=1, num_test=1, seed=0)
+        build_examples("mathqa", "train", size=1, seed=0)
+    with pytest.raises(ValueError, match=r"'dev'.*train, validation, test"):
+        build_examples("basic", "dev", size=1, seed=0)
     assert DATASETS == ("basic", "intermediate", "two_step", "multi_step", "advanced", "gsm8k")
 
 

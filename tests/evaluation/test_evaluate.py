@@ -92,8 +92,8 @@ def test_scripted_model_scores_exactly(tiny):
 
 
 def test_gsm8k_jsonl_set_loads_and_scores(tmp_path, gsm8k_dir):
-    cfg = compose_cfg(["model=tiny_random", "eval.sets=[basic,gsm8k]", f"stage.path={gsm8k_dir}", "eval.limit=2"],
-                      tmp_path)
+    cfg = compose_cfg(["model=tiny_random", "stage=gsm8k", "stage.num_test=3", "eval.sets=[basic,gsm8k]",
+                       f"stage.path={gsm8k_dir}", "eval.limit=2"], tmp_path)
     check(cfg)
     basic, gsm = load_sets(cfg)
     assert (basic.name, basic.max_new_tokens, len(basic.examples), basic.held_out) == ("basic", 48, 2, 200)
@@ -138,7 +138,10 @@ def test_other_sets_take_their_stage_settings_and_eval_overrides(tmp_path):
     (["checkpoint=/no/such/run"], "checkpoint=/no/such/run does not exist"),
     (["eval.sets=[basic,expert]"], "unknown eval set 'expert'"),
     (["eval.limit=0"], "eval.limit=0"),
-    (["eval.limit=300"], "holds 200 held-out problems (stage.num_test) but 300 were asked for (eval.limit=300)"),
+    (["eval.limit=300"], "holds 200 test problems (stage.num_test) but 300 were asked for (eval.limit=300)"),
+    (["eval.split=validation", "eval.limit=300"],
+     "holds 200 validation problems (stage.num_validation) but 300 were asked for (eval.limit=300)"),
+    (["eval.split=train"], "eval.split='train' is not valid; choose one of: validation, test"),
     (["eval.every_steps=0"], "eval.every_steps=0 must be a positive integer"),
     (["eval.pass_k=[1,16]", "eval.num_samples=8"], "eval.pass_k has k=16, above the 8 samples per problem"),
     (["eval.top_k=-1"], "eval.top_k=-1 must be >= 0"),
@@ -320,9 +323,9 @@ def test_checkpoint_is_scored_on_its_own_recorded_split(tmp_path, tiny):
     check(cfg)
     sets = load_sets(cfg)
     assert [e["question"] for e in sets[0].examples] == [
-        e["question"] for e in held_out_split(cfg.stage, 20, 7)[:20]]
+        e["question"] for e in held_out_split(cfg.stage, "test", 20, 7)[:20]]
     assert [e["question"] for e in sets[0].examples] != [
-        e["question"] for e in held_out_split(cfg.stage, 20, 42)[:20]]
+        e["question"] for e in held_out_split(cfg.stage, "test", 20, 42)[:20]]
     summary = settings_summary(cfg, sets)
     assert summary["data_seed"] == 7 and summary["data_seed_from"].endswith(".hydra/config.yaml")
 

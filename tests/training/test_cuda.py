@@ -59,7 +59,7 @@ def test_an_ewc_curriculum_step_on_cuda(tmp_path):
     first = compose_cfg(smoke("logger=none", "ewc.lambda=10", "ewc.fisher_samples=4", "ewc.fisher_batch_size=2"),
                         tmp_path / "basic")
     assert train(first)["fisher_params"] > 0
-    second = compose_cfg(smoke("logger=none", "stage=intermediate", "stage.num_train=16", "stage.num_test=8",
+    second = compose_cfg(smoke("logger=none", "stage=intermediate", "stage.num_train=16", "stage.num_validation=8", "stage.num_test=8",
                                "ewc.lambda=10", "ewc.fisher_samples=4", "ewc.fisher_batch_size=2",
                                f"init_from={tmp_path / 'basic'}"), tmp_path / "intermediate")
     metrics = train(second)

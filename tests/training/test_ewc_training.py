@@ -34,7 +34,7 @@ def test_accumulation_steps_do_not_change_the_penalty_or_its_gradient(tmp_path):
                 p.add_(0.01)
     from grpo_exp.core.data import build_examples, to_dataset
 
-    dataset = to_dataset(build_examples("basic", "train", num_train=8, num_test=4, seed=0), "")
+    dataset = to_dataset(build_examples("basic", "train", size=8, seed=0), "")
     parts = StageParts(model, tokenizer, [], dataset, [rewards.correctness], [1.0], None, state,
                        ewc.EwcPenalty(state, 3.0))
     trainer = build_trainer(cfg, parts, tmp_path, [])
