@@ -351,6 +351,41 @@ def test_base_figures_are_cached_per_settings(tmp_path, tiny, monkeypatch):
     evaluate_after_train(compose_cfg(overrides[:1] + ["eval.limit=3"] + overrides[2:], tmp_path / "c"),
                          model, tokenizer, tmp_path / "c")
     assert len(list((tmp_path / "cache" / "base_eval").glob("tiny_random-*.json"))) == 2
+    # before_after.json says where the base figures came from, and on which split
+    records = [json.loads((tmp_path / d / "before_after.json").read_text()) for d in "ab"]
+    assert [r["before_source"]["from"] for r in records] == ["computed now", "cache"]
+    assert records[1]["before_source"]["path"] == str(cached[0]) and records[0]["split"] == "test"
+    settings = records[1]["before_source"]["settings"]
+    assert set(settings) == {"threads", "torch", "transformers", "trl", "model_package", "precision", "isa"}
+    # another thread count, precision or library version can change the answers: another entry
+    for changed in ({"threads": 99}, {"precision": "other"}, {"trl": "0.0"}, {"isa": "other"}):
+        real = ev.evaluation_machine
+        monkeypatch.setattr(ev, "evaluation_machine", lambda cfg, real=real, changed=changed: {**real(cfg), **changed})
+        path, _ = ev._base_cache_path(cfg, ev.load_sets(cfg))
+        assert path != cached[0], changed
+        monkeypatch.undo()
+
+
+def test_before_after_table_names_its_split(tmp_path, tiny):
+    model, tokenizer = tiny
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "models").symlink_to(Path(model.name_or_path).parent, target_is_directory=True)
+    cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", "eval.split=validation",
+                       f"paths.cache_dir={tmp_path / 'cache'}"], tmp_path / "a")
+    result = evaluate_after_train(cfg, model, tokenizer, tmp_path / "a")
+    record = json.loads((tmp_path / "a" / "before_after.json").read_text())
+    assert record["split"] == "validation" and "validation split" in record["table"].splitlines()[0]
+    validation = {e["question"] for e in ev_sets(cfg)}
+    assert {r["question"] for r in map(json.loads, (tmp_path / "a" / "eval_samples.jsonl").read_text().splitlines())} <= validation
+    assert result["before_after"]["basic"]["distinct"] == 2
+    eval_json = json.loads((tmp_path / "a" / "eval.json").read_text())
+    assert eval_json["config"]["split"] == "validation" and eval_json["sets"]["basic"]["distinct"] == 2
+
+
+def ev_sets(cfg):
+    from grpo_exp.evaluation.run import held_out_split
+
+    return held_out_split(cfg.stage, "validation", cfg.eval.limit, cfg.train.seed)[:cfg.eval.limit]
 
 
 def test_init_from_figures_are_cached_until_its_model_changes(tmp_path, tiny, monkeypatch):
