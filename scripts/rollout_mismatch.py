@@ -2,15 +2,16 @@
 engine's sampling log-probs are from the trained policy's, for each kind of rollout copy (`train.rollout_dtype`),
 next to how far the policy's own log-probs move with the batch they are scored in.
 
-Each round samples 4 completions for each of 4 basic training problems (the default model, temperature 0.8, up to
-64 tokens) through the engine (eager decoding step), then scores them with the policy as training does (bf16
-autocast where training runs in bf16, else fp32; grouped attention): once as one left-padded batch and once a
-row at a time. Per completion token, with d = log pi_policy - log pi_sampler: mean |d| and the mean k3 estimate of
-KL(sampler || policy), exp(d) - 1 - d, the figure training logs as rollout/kl. The same two figures between the
-batched and the row-by-row scoring are the noise floor: what the policy's log-probs change by between batch shapes
-(the scoring forward and the training forward see different ones). This is the measurement behind
-`train.rollout_dtype=auto` taking the autocast copy and `rollout_old_logps=auto` its log-probs (README,
-Performance). Writes mismatch.md and mismatch.json into --out (default outputs/rollout_mismatch/<timestamp>)."""
+Each round samples 4 completions for each of 4 basic training problems (the default model, temperature 0.8, up to 64
+tokens) through the engine (eager decoding step), then scores them with the policy as training does (bf16 autocast
+where training runs in bf16, else fp32; grouped attention): once as one left-padded batch and once a row at a time.
+Per completion token, with d = log pi_policy - log pi_sampler: mean |d| and the mean k3 estimate of KL(sampler ||
+policy), exp(d) - 1 - d, the figure training logs as rollout/kl. The same two figures between the batched and the
+row-by-row scoring are the noise floor: what the policy's log-probs change by between batch shapes (the scoring
+forward and the training forward see different ones). This is the measurement behind the autocast copy
+(`train.rollout_dtype=autocast`) and `rollout_old_logps=auto` taking its log-probs (docs/log.md, "2026-11-28 — kernel
+rounding under bf16 autocast"). Writes mismatch.md and mismatch.json into --out (default
+outputs/rollout_mismatch/<timestamp>)."""
 
 from __future__ import annotations
 

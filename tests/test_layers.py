@@ -1,7 +1,7 @@
 """The package's floor plan holds: layers in folders, imports only point down, nothing imports an app.
 
 Every `import` in every module counts, the ones inside functions too (a lazy import is still an
-arrow). The layers, lowest first, are the ones the README's "How it fits together" section draws."""
+arrow). The layers, lowest first, are the ones docs/architecture.md, "Layers" draws."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: conf/train/default.yaml's)")
     p.add_argument("--beta", type=float, default=None,
                    help="KL coefficient of every variant, baselines included (default: the stage's; basic has 0.04 "
-                        "since 2026-11-27, and the README's performance tables before that used 0: --beta 0)")
+                        "since 2026-11-27, and the docs/log.md figures before that used 0: --beta 0)")
     p.add_argument("--stage", default="basic", help="conf/stage option the prompts come from (default basic)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="Hydra override for the grpo-exp variant only (repeatable), e.g. train=fast")

@@ -70,7 +70,7 @@ def resolve_precision(precision: str) -> str:
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     # ATEN_CPU_CAPABILITY=avx2 (or default) holds torch's own kernels to AVX2, where bf16 is emulated, on any CPU:
-    # such a process is an AVX2-only machine for this choice too (README: the emulated AVX2 runs)
+    # such a process is an AVX2-only machine for this choice too (docs/machines.md, "Emulated AVX2")
     held_below_avx512 = torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2")
     return "bf16" if native and not held_below_avx512 else "fp32"
 
@@ -131,14 +131,14 @@ def apply_malloc(policy: Any) -> str:
 
     glibc's own policy maps every block above a threshold (128 KiB at first, raised to the largest block freed,
     at most 32 MiB) with its own mmap and unmaps it when freed, and gives the free top of its heap back to the
-    kernel. A GRPO step allocates and frees the same large tensors every step (autocast's bf16 weight copies,
-    fp32 gradients, the 113 MB embedding gradient), so each step faults hundreds of MB of fresh, zeroed pages
-    back in. retain serves every block from the heap (mmap off) and never trims it, so freed memory is reused
-    in place. It changes no number a run computes (the arithmetic does not depend on where a tensor lives;
-    tests/base/test_cpu.py checks a training step's result), only how fast it runs and how long memory stays
-    with the process: once freed, memory stays resident until the process ends (README, Performance).
-    Allocations made before the call keep their place. Without glibc there is nothing to set: auto says so
-    in the log, retain in a warning."""
+    kernel. A GRPO step allocates and frees the same large tensors every step (autocast's bf16 weight copies, fp32
+    gradients, the 113 MB embedding gradient), so each step faults hundreds of MB of fresh, zeroed pages back in.
+    retain serves every block from the heap (mmap off) and never trims it, so freed memory is reused in place. It
+    changes no number a run computes (the arithmetic does not depend on where a tensor lives; tests/base/test_cpu.py
+    checks a training step's result), only how fast it runs and how long memory stays with the process: once freed,
+    memory stays resident until the process ends (docs/performance.md, "Freed memory kept for reuse").
+    Allocations made before the call keep their place. Without glibc there is nothing to set: auto says so in the log,
+    retain in a warning."""
     global _retained
     chosen = resolve_malloc(policy)
     if chosen == "glibc":

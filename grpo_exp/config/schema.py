@@ -233,22 +233,22 @@ class TrainConfig:
     # Score each distinct prompt once per batch instead of once per completion (training/shared_prefix.py):
     # the same log-probs and gradients as TRL's forward, with less work. Off when gradient checkpointing is on.
     shared_prefix: bool = True
-    # The trained policy's attention: sdpa or eager (transformers' own), grouped (core/attention.py: query
-    # heads grouped by the key/value head they share; a shorter step on CPUs), or auto (grouped on a CPU, sdpa
-    # on CUDA; the default, chosen with the rollout engine below: README, "How the default was chosen")
+    # The trained policy's attention: sdpa or eager (transformers' own), grouped (core/attention.py: query heads
+    # grouped by the key/value head they share; a shorter step on CPUs), or auto (grouped on a CPU, sdpa on CUDA; the
+    # default, chosen with the rollout engine below: docs/log.md, "2026-11-27 — the engine with grouped attention")
     attention: str = "auto"
-    # How grouped attention (the policy's with attention=grouped, and always the rollout engine's copy) lays out
-    # a decoding step's scores: cache_axis ([b, kv, L, g], the default) or last_axis ([b, kv, g, L]: a shorter
-    # compiled decoding step, other bf16 rounding, so opt-in until seeds show it; README, Performance,
-    # "Decoding attention along the last axis")
+    # How grouped attention (the policy's with attention=grouped, and always the rollout engine's copy) lays out a
+    # decoding step's scores: cache_axis ([b, kv, L, g], the default) or last_axis ([b, kv, g, L]: a shorter compiled
+    # decoding step, other bf16 rounding, so opt-in until seeds show it; docs/log.md, "2026-11-28 —
+    # train.attention_decode=last_axis")
     attention_decode: str = "cache_axis"
-    # The LM head's log-probs in the shared-prefix scoring: trl (TRL's chunked kernel; on a CPU its gradient
-    # GEMMs run in fp32), autocast (core/logprob_head.py: the same forward, its products kept for the backward,
-    # gradient GEMMs in the autocast dtype as for every other layer, fp32 without autocast; a 25% shorter default
-    # step with native bf16; in fp32 a lower memory peak and a step up to 1.2x as fast; README, Performance), or
-    # auto (autocast on a CPU, trl on CUDA; the default under bf16 since 2026-11-27: seeds 42, 1, 3 and 2 of the
-    # default run scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl;
-    # in fp32 since 2026-11-29: README, "How the default was chosen")
+    # The LM head's log-probs in the shared-prefix scoring: trl (TRL's chunked kernel; on a CPU its gradient GEMMs run
+    # in fp32), autocast (core/logprob_head.py: the same forward, its products kept for the backward, gradient GEMMs
+    # in the autocast dtype as for every other layer, fp32 without autocast; a 25% shorter default step with native
+    # bf16; in fp32 a lower memory peak and a step up to 1.2x as fast; docs/performance.md, "Speed switches"), or auto
+    # (autocast on a CPU, trl on CUDA; the default under bf16 since 2026-11-27: seeds 42, 1, 3 and 2 of the default
+    # run scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl; in fp32 since
+    # 2026-11-29: docs/log.md, "2026-11-29 — grpo-exp's LM head in fp32 training scores")
     logprob_kernel: str = "auto"
     # What the training forward keeps for its backward under bf16 autocast: lean (core/lean_saved.py: each Linear
     # weight's bf16 cast is made again in the backward instead of held from the forward, an activation cast for
@@ -256,15 +256,16 @@ class TrainConfig:
     # gradients bit for bit, a lower memory peak), plain (autograd's own), or auto (lean under bf16 training
     # without gradient checkpointing, whose own hooks decide what is kept)
     saved_tensors: str = "auto"
-    # Who samples the completions: trl (TRL's `generate`), engine (training/rollout.py: a rollout copy of the
-    # policy in rollout_dtype, static KV cache, compiled decoding step; see README, Performance), or auto (the
-    # engine on a CPU: a bf16 copy where bf16 is native, an exact fp32 copy elsewhere; trl on CUDA; the default:
-    # it brings the default run under its 20-minute budget on slower-memory CPUs, README, "The default run")
+    # Who samples the completions: trl (TRL's `generate`), engine (training/rollout.py: a rollout copy of the policy
+    # in rollout_dtype, static KV cache, compiled decoding step; see docs/performance.md, "The rollout engine"), or
+    # auto (the engine on a CPU: a bf16 copy where bf16 is native, an exact fp32 copy elsewhere; trl on CUDA; the
+    # default: it brings the default run under its 20-minute budget on slower-memory CPUs: docs/log.md, "2026-11-27 —
+    # the engine with grouped attention")
     rollout: str = "auto"
-    # The engine's copy of the policy: bf16 (every weight bf16), fp32, autocast (bf16 Linear weights, the rest
-    # fp32, run under bf16 autocast: what bf16 training computes, so its log-probs replace TRL's scoring forward;
-    # faster, not the default: README, Performance, "The autocast copy"); auto: bf16 where the hardware computes
-    # it natively, else fp32 (core/copy_kinds.py)
+    # The engine's copy of the policy: bf16 (every weight bf16), fp32, autocast (bf16 Linear weights, the rest fp32,
+    # run under bf16 autocast: what bf16 training computes, so its log-probs replace TRL's scoring forward; faster,
+    # not the default: docs/log.md, "2026-11-28 — the autocast copy"); auto: bf16 where the hardware computes it
+    # natively, else fp32 (core/copy_kinds.py)
     rollout_dtype: str = "auto"
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
     # the copy's Linear products without a weight reorder on every call (core/packed_linear.py; the same numbers): a

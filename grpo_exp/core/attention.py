@@ -1,20 +1,20 @@
 """Grouped-query attention that reads the key/value heads in place, and the choice of a model's attention.
 
-Why: transformers' `sdpa` on a CPU, with a mask, first copies every key/value head to each query head that
-shares it (`repeat_kv`), and CPU flash attention's backward is slow at GRPO's short sequences. Grouping the
-query heads that share a key/value head instead, with two matmuls and an fp32 softmax (as transformers' eager
-attention), trained the default model's 8 x 120-token scoring pass (forward and backward, bf16 autocast, 2
-threads) in 1.43 s against 1.78 s for sdpa and 1.47 s for eager, and 3.88 s against 4.26 / 4.36 s at 256
-tokens (README, Performance). The same function serves the rollout engine's static-cache decoding; inside its
-compiled step, the softmax is core/decode_softmax.py's C++ kernel, which computes inductor's numbers in one pass,
-and in bf16 on a CPU with AVX512-BF16 the whole attention (both products and the softmax) is one kernel there,
-which computes the same numbers as the products and that softmax in turn.
+Why: transformers' `sdpa` on a CPU, with a mask, first copies every key/value head to each query head that shares it
+(`repeat_kv`), and CPU flash attention's backward is slow at GRPO's short sequences. Grouping the query heads that
+share a key/value head instead, with two matmuls and an fp32 softmax (as transformers' eager attention), trained the
+default model's 8 x 120-token scoring pass (forward and backward, bf16 autocast, 2 threads) in 1.43 s against 1.78 s
+for sdpa and 1.47 s for eager, and 3.88 s against 4.26 / 4.36 s at 256 tokens (docs/performance.md, "Grouped
+attention"). The same function serves the rollout engine's static-cache decoding; inside its compiled step, the
+softmax is core/decode_softmax.py's C++ kernel, which computes inductor's numbers in one pass, and in bf16 on a CPU
+with AVX512-BF16 the whole attention (both products and the softmax) is one kernel there, which computes the same
+numbers as the products and that softmax in turn.
 
 `train.attention=auto` (the default since 2026-11-27, later) takes it on a CPU and transformers' sdpa on CUDA,
 where fused attention kernels are the fast path. A run's result is sensitive to such rounding changes: without
 the basic stage's KL penalty, seed 42 of the default run scored 0.250 with it where sdpa scored 0.485, greedy
 generation token-for-token the same; with the penalty and the rollout engine, seeds were scored again before it
-became the default (README, "How the default was chosen").
+became the default (docs/log.md, "2026-11-27 — the engine with grouped attention").
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ def grouped_attention_last_axis(module, query, key, value, attention_mask, scali
     Why: with one query position grouped_attention's scores are [b, kv, L, g] with g (3 for the default model)
     innermost, and inductor's CPU code for a softmax along L then opens one parallel region per row and
     key/value head, about a sixth of the rollout engine's compiled decoding step at 16 rows. The maths is the
-    same, the rounding is not (another GEMM layout and summation order in bf16), so it is opt-in: README,
-    Performance, "Decoding attention along the last axis"."""
+    same, the rounding is not (another GEMM layout and summation order in bf16), so it is opt-in: docs/log.md,
+    "2026-11-28 — train.attention_decode=last_axis"."""
     b, h, q, d = query.shape
     if q != 1:
         return grouped_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)

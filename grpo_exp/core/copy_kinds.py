@@ -16,7 +16,7 @@ def kind(name: str) -> str:
     and residual stream in fp32, under bf16 autocast); bf16: every weight in bf16; fp32: the policy's own weights.
     auto: the machine's native dtype (bf16 where it is native, else fp32). The autocast copy is faster under
     bf16 training (its log-probs replace TRL's scoring forward) but is not `auto`'s choice: in its seeds check
-    one of the default run's seeds collapsed (README, Performance: "The autocast copy")."""
+    one of the default run's seeds collapsed (docs/log.md, "2026-11-28 — the autocast copy")."""
     if name != "auto":
         return name
     import torch

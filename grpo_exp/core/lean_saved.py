@@ -20,7 +20,7 @@ gate and up) is cast once per layer, and each cast is saved apart.
 The backward runs the same operations on equal tensors (a cast is a deterministic rounding; an elementwise op
 run again on the same tensors gives the same bits), so gradients are the same bit for bit
 (tests/core/test_lean_saved.py). The cost is one more cast of each weight, and one more of each of those ops, per
-use in the backward (README, Performance, "Less kept for the backward").
+use in the backward (docs/log.md, "2026-11-28 — lean saved tensors").
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Why: TRL's chunked log-prob kernel (trl.kernels.ChunkedLogProbFunction), which t
 accumulates its two gradient GEMMs in fp32. On CUDA it asks the GEMM for an fp32 output of bf16 inputs; on a CPU,
 where torch has no such GEMM, it upcasts both operands and runs the GEMMs in fp32, at about a fifth of the bf16
 rate on a CPU with native bf16 (the bench's machine limits: 209 against 945 GFLOP/s). With this function the
-bench's default step spent 1.07 s in its backward instead of 1.72 s (README, Performance, "The LM head's
-backward").
+bench's default step spent 1.07 s in its backward instead of 1.72 s (docs/log.md, "2026-11-27 —
+grpo-exp's LM-head kernel shortens the backward").
 
 This function keeps TRL's forward maths (fp32 log-sum-exp over the whole vocabulary, tokens in blocks so that
 no N x V fp32 logits are kept) and its logits gradient (fp32, stored in the autocast dtype as TRL stores it).
@@ -184,12 +184,12 @@ def resolve(choice: str, device: str = "cpu") -> str:
 
     On a CPU under bf16 autocast its bf16 gradient GEMMs are most of the gain; in fp32 training (CPUs without native
     bf16) both kernels' GEMMs are fp32, and this one's gain is the products kept for the backward and the fp32 maths
-    in spans (on a 2-core AVX2-only CPU: the head alone 1.42-1.44x as fast, the bench's step 1.08-1.22x at beta 0
-    and at the default run's shape 0.96-0.99x and 1.03-1.12x in two three-round benches, its peak RSS 350-980 MB
-    lower, and held-out accuracy over two seeds as with TRL's: README, "How the default was chosen"). CUDA has the
-    fp32-output GEMM TRL's kernel asks for: there TRL's ran the default model's head, 2048 tokens, forward and
-    backward, in 2.27-2.38 ms on an H100 against 7.54-7.58 ms for this one (scripts/logprob_head_time.py, README,
-    Development)."""
+    in spans (on a 2-core AVX2-only CPU: the head alone 1.42-1.44x as fast, the bench's step 1.08-1.22x at beta 0 and
+    at the default run's shape 0.96-0.99x and 1.03-1.12x in two three-round benches, its peak RSS 350-980 MB lower,
+    and held-out accuracy over two seeds as with TRL's: docs/log.md, "2026-11-29 — grpo-exp's LM head in fp32 training
+    scores"). CUDA has the fp32-output GEMM TRL's kernel asks for: there TRL's ran the default model's head, 2048
+    tokens, forward and backward, in 2.27-2.38 ms on an H100 against 7.54-7.58 ms for this one
+    (scripts/logprob_head_time.py; docs/log.md, "2026-11-27 — the six GPU tests pass on an H100")."""
     if choice != "auto":
         return choice
     return "autocast" if device == "cpu" else "trl"

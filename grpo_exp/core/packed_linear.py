@@ -4,20 +4,20 @@ Why: a bf16 `torch.nn.functional.linear` on a CPU hands oneDNN a plain row-major
 own blocked layout on every call. In decoding (16-32 rows) that reorder costs about as much as the product itself:
 `grpo-profile --path engine --batch 16` measured 39.4 ms of Linear products per decoding step of the default model
 with plain weights and 27.8 ms with weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`; 2 cores,
-avx512_bf16; README, Performance, "Packed weights"). The products are oneDNN's same kernel either way, so the
-outputs are equal bit for bit (tests/core/test_packed_linear.py).
+avx512_bf16; docs/log.md, "2026-11-28 — packed weights for the rollout copy"). The products are oneDNN's same kernel
+either way, so the outputs are equal bit for bit (tests/core/test_packed_linear.py).
 
 The packed weight is an opaque MKLDNN tensor, which inductor accepts only as a frozen constant; the rollout copy's
 weights change after every optimizer step. So the product is a custom op (`grpo_exp::packed_linear`) that
 `torch.compile` calls as an extern kernel, and the packed tensors live in a table keyed by an integer slot that
 the op reads: the compiled decoding step stays valid when the weights are packed again.
 
-Products of one input with several packed weights (a layer's q, k and v; gate and up) are one product in the
-compiled step (`fuse_shared_inputs`, the compile backend `compile_fused`): the group's weights concatenated along
-the output and packed into a slot of the group's own, the outputs sliced back. oneDNN computes each output column
-from the same row and column whatever the width, and the outputs were equal bit for bit wherever compared
-(tests/core/test_packed_linear.py; the default model's decoding rounds, README, Performance, "Fused products").
-A decoding step of the default model makes 121 products instead of 211.
+Products of one input with several packed weights (a layer's q, k and v; gate and up) are one product in the compiled
+step (`fuse_shared_inputs`, the compile backend `compile_fused`): the group's weights concatenated along the output
+and packed into a slot of the group's own, the outputs sliced back. oneDNN computes each output column from the same
+row and column whatever the width, and the outputs were equal bit for bit wherever compared
+(tests/core/test_packed_linear.py; the default model's decoding rounds, docs/log.md, "2026-11-29 — the decoding
+softmax as one kernel and fused products"). A decoding step of the default model makes 121 products instead of 211.
 
 On a CPU with AVX512-BF16 and no AMX (small_rows.AVX512_BF16), the op computes a product of a few rows (a decoding
 step's) with core/small_rows.py's kernel from the layers' plain weights instead, the same numbers as oneDNN's packed

@@ -205,9 +205,10 @@ def answer_format(completions: list, answer: list[str] | None = None, **kwargs: 
 def stated_correctness(completions: list, answer: list[str], **kwargs: Any) -> list[float]:
     """1.0 when the completion states its answer in the asked format (`answer_format`) and that answer is right.
 
-    Correctness and format in one reward: a group where every answer is wrong scores all zeros and so has no
-    advantage to scale, whereas a separate format bonus is blown up to unit size in such groups by std scaling
-    (README, "Curriculum calibration"); and a right number buried in text after the answer line does not count.
+    Correctness and format in one reward: a group where every answer is wrong scores all zeros and so has no advantage
+    to scale, whereas a separate format bonus is blown up to unit size in such groups by std scaling (docs/log.md,
+    "2026-11-27 — no recipe of five learns two_step"); and a right number buried in text after the answer line does
+    not count.
     """
     answers = _checked_answers(completions, answer, "stated_correctness")
     return [right * stated for right, stated in zip(correctness(completions, answers), answer_format(completions))]

@@ -68,10 +68,11 @@ _CACHE_BUCKET = 64
 
 
 def resolve(choice: str) -> str:
-    """The path `train.rollout=auto` takes: the engine on a CPU, TRL's `generate` on CUDA (where TRL's own fast
-    path is vLLM). With native bf16 the engine samples from a bf16 copy, with TRL's correction; without it, from
-    an exact fp32 copy whose log-probs stand in for TRL's scoring forward. Why it is the default, with its speed
-    and its accuracy over seeds against TRL's path: README, "How the default was chosen" and Performance."""
+    """The path `train.rollout=auto` takes: the engine on a CPU, TRL's `generate` on CUDA (where TRL's own fast path
+    is vLLM). With native bf16 the engine samples from a bf16 copy, with TRL's correction; without it, from an exact
+    fp32 copy whose log-probs stand in for TRL's scoring forward. Why it is the default, with its speed and its
+    accuracy over seeds against TRL's path: docs/log.md, "2026-11-27 — the engine with grouped attention", and
+    docs/performance.md, "The rollout engine"."""
     if choice != "auto":
         return choice
     return "trl" if torch.cuda.is_available() else "engine"
@@ -86,7 +87,7 @@ def old_logps_source(choice: str, rollout_dtype: str, precision: str) -> str:
     sampler). auto: sampler where the copy computes what the policy computes (an fp32 copy of a policy trained
     in fp32, or the autocast copy of one trained under bf16 autocast, refreshed before the round: the same
     weights and the same arithmetic, so the same log-probs up to kernel rounding; tests/training/test_rollout.py
-    and README, Performance), policy elsewhere (a plain bf16 copy differs)."""
+    and docs/performance.md, "Importance sampling and old log-probs"), policy elsewhere (a plain bf16 copy differs)."""
     from grpo_exp.base.cpu import resolve_precision
 
     if choice != "auto":
@@ -239,7 +240,7 @@ class RolloutEngine:
             # with packed weights, products that share an input are one product (packed_linear.compile_fused)
             backend = packed_linear.compile_fused if self.packed else "inductor"
             # Without dynamo's guards on the copy's modules: evaluating them took about 1.2 of the 1.6 ms dynamo
-            # spent before each decoding step (under torch's profiler; README, Performance, "Around the decoding
+            # spent before each decoding step (under torch's profiler; docs/log.md, "2026-11-29 — around the decoding
             # step's kernels"). Nothing changes a module of the copy after it is built (refresh and release change
             # tensor contents and storages in place); the guards on the step's own inputs (shapes, the cache) and
             # on global state stay.

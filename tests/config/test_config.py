@@ -122,8 +122,8 @@ def test_config_choices_match_the_code_that_implements_them():
 
 
 def test_intermediate_from_basic_experiment_composes_the_runs_the_readme_reports(tmp_path):
-    # README "Curriculum calibration": `stage=intermediate 'eval.sets=[intermediate,basic]' ewc.lambda=1000
-    # ewc.fisher_samples=64` from a basic run; the experiment's lambda-1000 job must be that run.
+    # docs/log.md, "2026-11-27 — the intermediate stage": `stage=intermediate 'eval.sets=[intermediate,basic]'
+    # ewc.lambda=1000 ewc.fisher_samples=64` from a basic run; the experiment's lambda-1000 job must be that run.
     experiment = OmegaConf.load(CONF_DIR / "experiment" / "intermediate_from_basic.yaml")
     assert experiment.hydra.sweeper.params["ewc.lambda"] == "0,1000"
     job = compose_cfg(["experiment=intermediate_from_basic", "ewc.lambda=1000"], tmp_path)
@@ -147,8 +147,9 @@ def test_recipe_sweeps_name_ablations_that_compose(experiment, tmp_path):
 
 
 def test_the_default_samples_with_the_engine_and_rollout_trl_gives_the_earlier_path(tmp_path):
-    # README, "How the default was chosen": the engine and grouped attention (each `auto`: by machine) became
-    # the default; ablation=rollout_trl reproduces every figure measured before, through TRL's generate and sdpa
+    # docs/log.md, "2026-11-27 — the engine with grouped attention": the engine and grouped attention (each `auto`: by
+    # machine) became the default; ablation=rollout_trl reproduces every figure measured before, through TRL's
+    # generate and sdpa
     default = compose_cfg(["stage=basic"], tmp_path).train
     assert (default.rollout, default.attention) == ("auto", "auto")
     earlier = compose_cfg(["stage=basic", "ablation=rollout_trl"], tmp_path).train
@@ -157,7 +158,7 @@ def test_the_default_samples_with_the_engine_and_rollout_trl_gives_the_earlier_p
 
 
 def test_decode_last_axis_changes_only_the_decoding_layout(tmp_path):
-    # README, Performance, "Decoding attention along the last axis": opt-in, compared over seeds as an ablation
+    # docs/log.md, "2026-11-28 — train.attention_decode=last_axis": opt-in, compared over seeds as an ablation
     default = compose_cfg(["stage=basic"], tmp_path).train
     assert default.attention_decode == "cache_axis"
     other = compose_cfg(["stage=basic", "ablation=decode_last_axis"], tmp_path).train
@@ -166,7 +167,7 @@ def test_decode_last_axis_changes_only_the_decoding_layout(tmp_path):
 
 
 def test_basic_stage_has_a_kl_penalty_and_beta_0_turns_it_off(tmp_path):
-    # README, "How the default was chosen": the basic stage's own setting, chosen over seeds; the later
+    # docs/log.md, "2026-11-27 — a KL penalty of 0.04": the basic stage's own setting, chosen over seeds; the later
     # stages were measured without it and keep TRL's beta 0 (conf/train/default.yaml)
     assert compose_cfg(["stage=basic"], tmp_path).train.beta == 0.04
     assert compose_cfg(["stage=basic", "ablation=beta_0"], tmp_path).train.beta == 0.0
@@ -174,8 +175,8 @@ def test_basic_stage_has_a_kl_penalty_and_beta_0_turns_it_off(tmp_path):
 
 
 def test_basic_stage_decays_its_learning_rate_and_lr_constant_keeps_it(tmp_path):
-    # README, "How the default was chosen": a decaying learning rate, chosen over seeds for the basic stage;
-    # the later stages were measured with a constant rate and keep it (conf/train/default.yaml)
+    # docs/log.md, "2026-11-28 — a decaying learning rate": a decaying learning rate, chosen over seeds for the basic
+    # stage; the later stages were measured with a constant rate and keep it (conf/train/default.yaml)
     basic = compose_cfg(["stage=basic"], tmp_path).train
     assert (basic.lr_scheduler_type, basic.learning_rate, basic.warmup_steps) == ("linear", 2e-5, 0)
     assert grpo_config(basic, tmp_path / "out", [1.0, 0.05], []).lr_scheduler_type == "linear"

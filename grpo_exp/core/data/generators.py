@@ -122,8 +122,8 @@ def _groups_plus(rng: random.Random) -> Problem:
 # --- intermediate: one operation told as a word problem ---------------------------------------
 # The step from basic is reading: the model must find the numbers in a story and pick the operation.
 # Earlier versions needed two or three operations; the basic-trained 135M model solved those at
-# pass@8 0.09-0.14, so GRPO's groups were nearly all wrong and the stage taught nothing (README,
-# "Curriculum calibration"). Two operations are the separate `two_step` stage.
+# pass@8 0.09-0.14, so GRPO's groups were nearly all wrong and the stage taught nothing (docs/log.md,
+# "2026-11-27 — multi_step stays out of reach"). Two operations are the separate `two_step` stage.
 
 def _story_add(rng: random.Random) -> Problem:
     name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
@@ -190,7 +190,7 @@ def _story_rows(rng: random.Random) -> Problem:
 
 # --- multi_step: two or three operations in words and expressions ---------------------------
 # This was the intermediate stage until its problems proved out of reach of the basic-trained
-# 135M model (pass@8 0.12-0.14; docs/log.md).
+# 135M model (pass@8 0.12-0.14; docs/log.md, "2026-11-27 — multi_step stays out of reach").
 # Numbers stay small (mostly under 30): with two-digit operands throughout the model did no better.
 
 def _buy_and_give(rng: random.Random) -> Problem:
