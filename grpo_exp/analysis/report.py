@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_exp.analysis import ewc_summary, seed_summary
+from grpo_exp.analysis import ewc_summary, plots, seed_summary
 from grpo_exp.base.io import eval_sets, read_jsonl
 from grpo_exp.base.text import markdown_table
 
@@ -301,186 +301,6 @@ def to_markdown(df: pd.DataFrame) -> str:
     return markdown_table(list(df.columns), [[_fmt(v) for v in row.tolist()] for _, row in df.iterrows()])
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _numeric(series: pd.Series) -> pd.Series:
-    return pd.to_numeric(series, errors="coerce")
-
-
-def plot_throughput_memory(df: pd.DataFrame, out: Path) -> Path | None:
-    done = df[df["status"] == "completed"].copy()
-    if done.empty or not {"threads", "batch_size"} <= set(done.columns):
-        return None
-    done["threads"] = _numeric(done["threads"])
-    done["batch_size"] = _numeric(done["batch_size"])
-    done["completion_tokens_per_s"] = _numeric(done["completion_tokens_per_s"])
-    done["peak_rss_mb"] = _numeric(done["peak_rss_mb"])
-    if done[["completion_tokens_per_s", "peak_rss_mb"]].isna().all().all():
-        return None
-    multi_model = "model" in done.columns and done["model"].nunique() > 1
-    plt = _plt()
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    panels = [("threads", "batch_size", "completion_tokens_per_s", "completion tokens / s"),
-              ("batch_size", "threads", "completion_tokens_per_s", "completion tokens / s"),
-              ("threads", "batch_size", "peak_rss_mb", "peak RSS (MB)"),
-              ("batch_size", "threads", "peak_rss_mb", "peak RSS (MB)")]
-    for ax, (x, by, y, ylabel) in zip(axes.flat, panels):
-        keys = [by, "model"] if multi_model else [by]
-        for key, group in done.dropna(subset=[x, y]).groupby(keys):
-            key = key if isinstance(key, tuple) else (key,)
-            group = group.sort_values(x)
-            label = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in zip(keys, key))
-            ax.plot(group[x], group[y], marker="o", label=label)
-        ticks = sorted(done[x].dropna().unique())
-        if ticks:
-            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-        ax.set_xlabel(x.replace("_", " "))
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.suptitle("Throughput and peak memory vs threads and batch size")
-    return _save(plt, fig, out / "throughput_memory.png")
-
-
-def _history_points(history: list[dict], key: str) -> list[tuple[int, float]]:
-    """(cumulative step, value) of every history row that logged `key`."""
-    return [(r.get("global_step", r.get("step")), r[key]) for r in history if isinstance(r.get(key), (int, float))]
-
-
-def _line_plot(curves: list[tuple[str, list]], ylabel: str, title: str, path: Path,
-               marker: str | None = None) -> Path | None:
-    """One line per (label, points), against the cumulative step."""
-    if not curves:
-        return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 5))
-    for label, points in curves:
-        xs, ys = zip(*points)
-        ax.plot(xs, ys, marker=marker or ("." if len(xs) < 50 else None), label=label)
-    ax.set_xlabel("step (cumulative over stages)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(plt, fig, path)
-
-
-def plot_reward_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
-    curves = [(label, points) for job, label in zip(jobs, labels)
-              if (points := _history_points(job["history"], "reward"))]
-    return _line_plot(curves, "mean reward", "Reward per variant", out / "reward_curves.png")
-
-
-def plot_heldout_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
-    """Greedy held-out accuracy during training (eval.every_steps), one line per variant and set; the
-    starting model's figure from before_after.json is drawn at step 0 where the run has one."""
-    curves = []
-    for job, label in zip(jobs, labels):
-        keys = sorted({k for r in job["history"] for k in r if k.startswith("eval/") and k.endswith("/accuracy")})
-        before = (_read_json(Path(job["row"]["dir"]) / "before_after.json") or {}).get("sets") or {}
-        for key in keys:
-            name = key.split("/")[1]
-            points = _history_points(job["history"], key)
-            if name in before and points and points[0][0] > 0:
-                points.insert(0, (0, before[name]["before"]))
-            curves.append((f"{label} ({name})" if len(keys) > 1 else label, points))
-    return _line_plot(curves, "greedy held-out accuracy",
-                      "Held-out accuracy during training (step 0: the starting model, full eval set)",
-                      out / "heldout_accuracy.png", marker="o")
-
-
-def plot_forgetting_kl(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
-    """KL from the previous stage's policy on each earlier stage's prompts (eval.forgetting_sets), one line
-    per variant and earlier stage: how far a later stage moves the policy where it was trained before."""
-    curves = []
-    for job, label in zip(jobs, labels):
-        keys = sorted({k for r in job["history"] for k in r if k.startswith("forgetting/") and k.endswith("/kl")})
-        for key in keys:
-            curves.append((f"{label} ({key.split('/')[1]})", _history_points(job["history"], key)))
-    return _line_plot(curves, "KL(previous stage || now), nats per completion",
-                      "Forgetting: KL from the previous stage's policy on earlier stages' prompts",
-                      out / "forgetting_kl.png", marker="o")
-
-
-def _save(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def plot_curriculum(curriculum: dict, title: str, path: Path) -> Path | None:
-    stages = curriculum.get("stages") or []
-    matrix = curriculum.get("matrix") or []
-    if not stages or not matrix:
-        return None
-    rows = ([("base", curriculum["base"])] if curriculum.get("base") else []) + list(zip(stages, matrix))
-    values = [[(r[j] if j < len(r) and r[j] is not None else float("nan")) for j in range(len(stages))]
-              for _, r in rows]
-    plt = _plt()
-    import numpy as np
-
-    data = np.array(values, dtype=float)
-    fig, ax = plt.subplots(figsize=(1.6 * len(stages) + 3, 0.8 * len(rows) + 2))
-    image = ax.imshow(np.ma.masked_invalid(data), vmin=0, vmax=1, cmap="viridis")
-    ax.set_xticks(range(len(stages)), stages)
-    ax.set_yticks(range(len(rows)), [f"after {n}" if n != "base" else "base" for n, _ in rows])
-    ax.set_xlabel("evaluated on")
-    for i in range(data.shape[0]):
-        for j in range(data.shape[1]):
-            if not math.isnan(data[i, j]):
-                ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center",
-                        color="white" if data[i, j] < 0.5 else "black")
-    fig.colorbar(image, ax=ax, label="accuracy")
-    extra = f"avg acc {curriculum['average_accuracy']:.3f}" if curriculum.get("average_accuracy") is not None else ""
-    if curriculum.get("bwt") is not None:
-        extra += f", BWT {curriculum['bwt']:+.3f}"
-    ax.set_title(f"{title}\n{extra}".strip())
-    return _save(plt, fig, path)
-
-
-def plot_quantization(jobs: list[dict], out: Path) -> Path | None:
-    """Accuracy (and speed, size when recorded) of evaluations with quantization none vs dynamic_int8."""
-    by_method: dict[str, dict[str, list[dict]]] = {}
-    for job in jobs:
-        if job["eval"] and job["row"]["status"] == "completed":
-            method = str(job["quantization"] or "none")
-            for name, values in job["eval"].items():
-                by_method.setdefault(method, {}).setdefault(name, []).append(values)
-    if not {"none", "dynamic_int8"} <= set(by_method):
-        return None
-    sets = sorted(set(by_method["none"]) & set(by_method["dynamic_int8"]))
-    if not sets:
-        return None
-    panels = [(k, t) for k, t in (("accuracy", "accuracy"), ("tokens_per_s", "tokens / s"),
-                                  ("model_size_mb", "model size (MB)"))
-              if any(k in v for m in ("none", "dynamic_int8") for s in sets for v in by_method[m][s])]
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
-    width = 0.38
-    for ax, (key, title) in zip(axes[0], panels):
-        for k, (method, label) in enumerate((("none", "fp32"), ("dynamic_int8", "int8"))):
-            means = []
-            for s in sets:
-                vals = [v[key] for v in by_method[method][s] if isinstance(v.get(key), (int, float))]
-                means.append(statistics.mean(vals) if vals else 0.0)
-            ax.bar([i + (k - 0.5) * width for i in range(len(sets))], means, width, label=label)
-        ax.set_xticks(range(len(sets)), sets)
-        ax.set_title(title)
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
-    fig.suptitle("fp32 vs dynamic int8")
-    return _save(plt, fig, out / "quantization.png")
-
-
 # ---------------------------------------------------------------- report
 
 def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Path]:
@@ -495,14 +315,15 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
     df.to_csv(out / "report.csv", index=False)
 
     labels = variant_labels(df)
-    plots = [plot_throughput_memory(df, out), plot_reward_curves(jobs, labels, out),
-             plot_heldout_curves(jobs, labels, out), plot_forgetting_kl(jobs, labels, out),
-             plot_quantization(jobs, out)]
+    made = [plots.plot_throughput_memory(df, out), plots.plot_reward_curves(jobs, labels, out),
+            plots.plot_heldout_curves(jobs, labels, out), plots.plot_forgetting_kl(jobs, labels, out),
+            plots.plot_quantization(jobs, out)]
     curriculum_plots = []
     for job, label in zip(jobs, labels):
         if job["curriculum"]:
             name = "curriculum_" + "".join(c if c.isalnum() else "_" for c in str(job["row"]["job"])) + ".png"
-            curriculum_plots.append((job, plot_curriculum(job["curriculum"], _short(f"Accuracy matrix: {label}"), out / name)))
+            plot = plots.plot_curriculum(job["curriculum"], _short(f"Accuracy matrix: {label}"), out / name)
+            curriculum_plots.append((job, plot))
 
     table = main_table(df)
     keys = swept_keys(df)
@@ -534,7 +355,7 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
             lines += [f"![curriculum]({plot.name})", ""]
     lines += seed_section(df, keys, out)
     lines += ewc_section(jobs, out)
-    made = [p for p in plots if p]
+    made = [p for p in made if p]
     if made:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in made] + [""]
     (out / "report.md").write_text("\n".join(lines))
