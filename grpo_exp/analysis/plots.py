@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_exp.analysis import aggregates
+
 
 def _plt():
     import matplotlib
@@ -90,22 +92,38 @@ def plot_reward_curves(jobs: list[dict], labels: list[str], out: Path) -> Path |
     return _line_plot(curves, "mean reward", "Reward per variant", out / "reward_curves.png")
 
 
-def plot_heldout_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
-    """Greedy held-out accuracy during training (eval.every_steps), one line per variant and set; the
-    starting model's figure from before_after.json is drawn at step 0 where the run has one."""
-    curves = []
-    for job, label in zip(jobs, labels):
-        keys = sorted({k for r in job["history"] for k in r if k.startswith("eval/") and k.endswith("/accuracy")})
-        before = (job["before_after"] or {}).get("sets") or {}
-        for key in keys:
-            name = key.split("/")[1]
-            points = _history_points(job["history"], key)
-            if name in before and points and points[0][0] > 0:
-                points.insert(0, (0, before[name]["before"]))
-            curves.append((f"{label} ({name})" if len(keys) > 1 else label, points))
-    return _line_plot(curves, "greedy held-out accuracy",
-                      "Held-out accuracy during training (step 0: the starting model, full eval set)",
-                      out / "heldout_accuracy.png", marker="o")
+def base_level(job: dict, name: str) -> tuple[str, float] | None:
+    """The starting model's validation accuracy on set `name` for the learning curve: before_after.json's
+    "before" when that file scored the validation split, else the periodic evaluation at step 0, else None."""
+    comparison = job.get("before_after") or {}
+    sets = comparison.get("sets") or {}
+    if comparison.get("split") == aggregates.VALIDATION and isinstance((sets.get(name) or {}).get("before"), (int, float)):
+        who = "starting model" if comparison.get("before") == "start" else "base model"
+        return f"{who}, n={sets[name].get('n')}", sets[name]["before"]
+    first = [(step, accuracy) for step, accuracy, _ in (job.get("periodic") or {}).get(name, []) if step == 0]
+    return ("step 0", first[0][1]) if first else None
+
+
+def plot_learning_curve(jobs: list[dict], labels: list[str], path: Path) -> Path | None:
+    """Greedy validation accuracy against step (eval.every_steps), one line per job (seed or variant) and
+    set, with the starting model's figure (base_level) as a dashed level in the line's colour."""
+    curves = [(job, f"{label} ({name})" if len(job.get("periodic") or {}) > 1 else label, name, points)
+              for job, label in zip(jobs, labels) for name, points in (job.get("periodic") or {}).items()]
+    if not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for k, (job, label, name, points) in enumerate(curves):
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=f"C{k % 10}", label=label)
+        level = base_level(job, name)
+        if level is not None:
+            ax.axhline(level[1], ls="--", lw=1, color=f"C{k % 10}", label=f"{label}: {level[0]}")
+    ax.set_xlabel("step (cumulative over stages)")
+    ax.set_ylabel("greedy accuracy, validation split")
+    ax.set_title("Validation accuracy during training (dashed: the model before training)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
 
 
 def plot_forgetting_kl(jobs: list[dict], labels: list[str], out: Path) -> Path | None:

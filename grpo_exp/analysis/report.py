@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_exp.analysis import ewc_summary, plots, seed_summary
+from grpo_exp.analysis import aggregates, ewc_summary, plots, seed_summary, tables
+from grpo_exp.analysis.tables import to_markdown
 from grpo_exp.base.io import eval_sets, read_jsonl
-from grpo_exp.base.text import markdown_table
 
 # metric -> True when higher is better
 MAIN_METRICS = {
@@ -178,10 +178,12 @@ def load_job(job: Path, root: Path | None = None) -> dict:
     for name, values in evaluation.items():
         row[f"eval_{name}_accuracy"] = values.get("accuracy")
     before_after = _read_json(job / "before_after.json") or {}
+    row["split"] = aggregates.job_split(before_after, eval_file)
     for name, values in (before_after.get("sets") or {}).items():
         row[f"eval_{name}_before"] = values.get("before")
         row[f"eval_{name}_diff"] = values.get("accuracy_diff")
         row[f"eval_{name}_mcnemar_p"] = values.get("mcnemar_p")
+    row.update(aggregates.pooled_counts(eval_file, before_after))
     if curriculum:
         for key in CURRICULUM_METRICS:
             row[key] = curriculum.get(key)
@@ -194,9 +196,13 @@ def load_job(job: Path, root: Path | None = None) -> dict:
         for key, value in record.items():
             if key.startswith("forgetting/") and key.endswith("/kl"):
                 row[f"forgetting_kl_{key.split('/')[1]}"] = value
+    if any("reward" in r for r in history):
+        row.update(aggregates.reward_fifths(history, metrics.get("steps")))
+    periodic = aggregates.periodic_accuracy(history)
+    row.update(aggregates.periodic_columns(periodic))
     row["dir"] = str(job)
     return {"row": row, "history": history, "curriculum": curriculum, "eval": evaluation, "before_after": before_after,
-            "quantization": (eval_file or {}).get("quantization") or row.get("quantization")}
+            "periodic": periodic, "quantization": (eval_file or {}).get("quantization") or row.get("quantization")}
 
 
 def _last_error_line(path: Path) -> str | None:
@@ -235,12 +241,21 @@ def build_frame(jobs: list[dict]) -> pd.DataFrame:
     metric_cols = [c for c in [*MAIN_METRICS, *CURRICULUM_METRICS] if c in df.columns]
     eval_cols = sorted(c for c in df.columns if c.startswith("eval_"))
     config_cols = [c for c in CONFIG_COLUMNS if c in df.columns]
-    order = front + overrides + config_cols + metric_cols + eval_cols + ["error", "dir"]
+    fifths = [c for c in df.columns if c.startswith(("reward_fifth_", "reward_mean_overall"))]
+    periodic = sorted((c for c in df.columns if c.startswith(f"{aggregates.PERIODIC_SPLIT}_") and "_step_" in c),
+                      key=_periodic_order)
+    order = front + overrides + config_cols + metric_cols + fifths + ["split"] + eval_cols + periodic
+    order += ["error", "dir"]
     order += [c for c in df.columns if c not in order]
     df = df[[c for c in order if c in df.columns]]
     # Drop metric columns that no job has (e.g. curriculum figures in a plain sweep).
     empty = [c for c in metric_cols + eval_cols if df[c].isna().all() and c not in MAIN_METRICS]
     return df.drop(columns=empty)
+
+
+def _periodic_order(column: str):
+    head, step = column.rsplit("_step_", 1)
+    return head, int(step) if step.isdigit() else 0
 
 
 def variant_labels(df: pd.DataFrame, keys: list[str] | None = None, unset: str | None = None) -> list[str]:
@@ -258,7 +273,9 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
     keys = swept_keys(df)
     metric_cols = [c for c in [*MAIN_METRICS, *CURRICULUM_METRICS] if c in df.columns]
     eval_cols = [c for c in df.columns if c.startswith(("eval_", "forgetting_kl_"))]
-    cols = ["job", "status", *keys, *metric_cols, *eval_cols]
+    # the split the eval_* figures were measured on, beside them
+    split = ["split"] if "split" in df.columns and df["split"].notna().any() else []
+    cols = ["job", "status", *keys, *metric_cols, *split, *eval_cols]
     table = df[cols].rename(columns={k: k.split(":", 1)[1] for k in keys})
     if "error" in df.columns and df["error"].notna().any():
         table = table.assign(error=df["error"].fillna(""))
@@ -266,20 +283,26 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_variants(df: pd.DataFrame) -> list[dict]:
-    """The best completed job for each metric with a direction (higher or lower is better)."""
+    """The best completed job for each metric with a direction (higher or lower is better). Held-out
+    accuracy and gain are compared within one split: when the jobs mix splits, on validation only."""
     done = df[df["status"] == "completed"]
     labels = dict(zip(df.index, variant_labels(df)))
-    directions = {**MAIN_METRICS, **CURRICULUM_METRICS, **{c: True for c in df.columns if c.startswith("eval_")}}
+    scored = {c: True for c in df.columns if c.startswith("eval_") and c.endswith(("_accuracy", "_diff"))}
+    known = set(done["split"].dropna()) if "split" in done.columns else set()
+    within = next(iter(known)) if len(known) == 1 else (aggregates.VALIDATION if known else None)
     out = []
-    for metric, higher in directions.items():
+    for metric, higher in {**MAIN_METRICS, **CURRICULUM_METRICS, **scored}.items():
         if higher is None or metric not in done.columns:
             continue
         values = pd.to_numeric(done[metric], errors="coerce").dropna()
+        split = within if metric in scored else None
+        if split:
+            values = values[done.loc[values.index, "split"] == split]
         if values.empty:
             continue
         idx = values.idxmax() if higher else values.idxmin()
         out.append({"metric": metric, "best": "highest" if higher else "lowest", "value": values[idx],
-                    "job": df.loc[idx, "job"], "variant": labels[idx]})
+                    **({"split": split} if split else {}), "job": df.loc[idx, "job"], "variant": labels[idx]})
     return out
 
 
@@ -287,36 +310,43 @@ def _short(text: str, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _fmt(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(df: pd.DataFrame) -> str:
-    if df.empty:
-        return "_(none)_"
-    return markdown_table(list(df.columns), [[_fmt(v) for v in row.tolist()] for _, row in df.iterrows()])
-
-
 # ---------------------------------------------------------------- report
 
-def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Path]:
-    """Build the table and plots for the given multirun/run directories; returns (DataFrame, out dir)."""
+def seed_labels(df: pd.DataFrame) -> list[str]:
+    """Each job's variant over seeds: its swept overrides other than the seed. Jobs that override none of
+    them (the default recipe beside its levers) are one variant, not one per job: they differ only in seed."""
+    keys = [k for k in swept_keys(df) if k != seed_summary.SEED_KEY]
+    return variant_labels(df, keys, unset=seed_summary.DEFAULTS) if keys else ["all"] * len(df)
+
+
+def load_report(paths) -> dict:
+    """The jobs under `paths` with the report's frame and labels: {"jobs", "df", "labels", "sections"}."""
     paths = [Path(p) for p in paths]
-    out = Path(out) if out else paths[0]
-    out.mkdir(parents=True, exist_ok=True)
     jobs = load_jobs(paths)
     df = build_frame(jobs)
     if df.empty:
         raise SystemExit(f"no runs found under {', '.join(map(str, paths))}")
-    df.to_csv(out / "report.csv", index=False)
-
     labels = variant_labels(df)
+    return {"paths": paths, "jobs": jobs, "df": df, "labels": labels,
+            "sections": tables.sections(jobs, df, labels, seed_labels(df))}
+
+
+def split_note(df: pd.DataFrame) -> str | None:
+    """The one line saying the completed jobs' held-out figures are not all on the validation split."""
+    if "split" not in df.columns:
+        return None
+    return seed_summary.split_note(df.loc[df["status"] == "completed", "split"].dropna())
+
+
+def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Path]:
+    """Build the table and plots for the given multirun/run directories; returns (DataFrame, out dir)."""
+    loaded = load_report(paths)
+    paths, jobs, df, labels = loaded["paths"], loaded["jobs"], loaded["df"], loaded["labels"]
+    out = Path(out) if out else paths[0]
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "report.csv", index=False)
     made = [plots.plot_throughput_memory(df, out), plots.plot_reward_curves(jobs, labels, out),
-            plots.plot_heldout_curves(jobs, labels, out), plots.plot_forgetting_kl(jobs, labels, out),
+            plots.plot_learning_curve(jobs, labels, out / "learning_curve.png"), plots.plot_forgetting_kl(jobs, labels, out),
             plots.plot_quantization(jobs, out)]
     curriculum_plots = []
     for job, label in zip(jobs, labels):
@@ -337,6 +367,8 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
     ]
     if common:
         lines.append("Common overrides: " + ", ".join(f"`{k}={v}`" for k, v in common.items()))
+    if split_note(df):
+        lines += ["", split_note(df)]
     lines += ["", "## Results", "", to_markdown(table), ""]
     best = best_variants(df)
     if best:
@@ -353,30 +385,17 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
             lines += [cur["table"], ""]
         if plot:
             lines += [f"![curriculum]({plot.name})", ""]
-    lines += seed_section(df, keys, out)
+    for section in loaded["sections"]:
+        lines += [f"## {section.title}", "", *section.markdown()]
+    seeds = tables.seed_table(df, seed_labels(df))
+    if seeds is not None:
+        seeds.to_csv(out / "seed_summary.csv", index=False)
     lines += ewc_section(jobs, out)
     made = [p for p in made if p]
     if made:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in made] + [""]
     (out / "report.md").write_text("\n".join(lines))
     return df, out
-
-
-def seed_section(df: pd.DataFrame, keys: list[str], out: Path) -> list[str]:
-    """report.md's table of each variant over seeds (and seed_summary.csv), for sweeps that scored a
-    variant on two seeds or more; no lines otherwise."""
-    keys = [k for k in keys if k != seed_summary.SEED_KEY]
-    # jobs that override none of the swept keys (the default recipe beside its levers) are one variant, not
-    # one per job: they differ only in their seeds
-    table = seed_summary.per_variant(df, variant_labels(df, keys, unset=seed_summary.DEFAULTS) if keys
-                                     else ["all"] * len(df))
-    if table is None:
-        return []
-    table.to_csv(out / "seed_summary.csv", index=False)
-    return ["## Each variant over seeds", "",
-            "Held-out accuracy (`eval_<set>_accuracy`) and its difference from the base model on the same problems "
-            "(`eval_<set>_diff`): mean, minimum and maximum over the variant's seeds (each seed draws its own "
-            "held-out problems).", "", to_markdown(table), ""]
 
 
 def ewc_section(jobs: list[dict], out: Path) -> list[str]:

@@ -202,7 +202,8 @@ def test_report_scores_each_variant_over_seeds(tmp_path):
         _fake_job(sweep / str(i), [f"ablation={ablation}", f"train.seed={seed}"], {"train": {"seed": seed}},
                   {"metrics.json": {"status": "completed", "steps": 90},
                    "eval.json": {"sets": {"basic": {"accuracy": after, "n": 200}}},
-                   "before_after.json": {"sets": {"basic": {"before": before, "after": after,
+                   "before_after.json": {"split": "validation",
+                                         "sets": {"basic": {"before": before, "after": after,
                                                             "accuracy_diff": after - before}}}})
     _fake_job(sweep / "4", ["ablation=beta", "train.seed=1"], {"train": {"seed": 1}},
               {"status.json": {"status": "failed", "error": "ConfigError: x"}})
@@ -228,7 +229,7 @@ def test_runs_with_no_lever_are_one_variant_over_seeds(tmp_path):
     for i, ((lever, seed), after) in enumerate(scored.items()):
         _fake_job(runs / f"run{i}", [*([lever] if lever else []), f"train.seed={seed}"], {"train": {"seed": seed}},
                   {"metrics.json": {"status": "completed", "steps": 90},
-                   "eval.json": {"sets": {"basic": {"accuracy": after, "n": 200}}}})
+                   "eval.json": {"config": {"split": "validation"}, "sets": {"basic": {"accuracy": after, "n": 200}}}})
     write_report([runs])
     table = pd.read_csv(runs / "seed_summary.csv").set_index("variant")
     assert table.index.tolist() == ["train.lr_scheduler_type=linear", "(defaults)"]
