@@ -97,9 +97,10 @@ def base_level(job: dict, name: str) -> tuple[str, float] | None:
     "before" when that file scored the validation split, else the periodic evaluation at step 0, else None."""
     comparison = job.get("before_after") or {}
     sets = comparison.get("sets") or {}
-    if comparison.get("split") == aggregates.VALIDATION and isinstance((sets.get(name) or {}).get("before"), (int, float)):
+    before = (sets.get(name) or {}).get("before")
+    if comparison.get("split") == aggregates.VALIDATION and isinstance(before, (int, float)):
         who = "starting model" if comparison.get("before") == "start" else "base model"
-        return f"{who}, n={sets[name].get('n')}", sets[name]["before"]
+        return f"{who}, n={sets[name].get('n')}", before
     first = [(step, accuracy) for step, accuracy, _ in (job.get("periodic") or {}).get(name, []) if step == 0]
     return ("step 0", first[0][1]) if first else None
 
@@ -118,6 +119,7 @@ def plot_learning_curve(jobs: list[dict], labels: list[str], path: Path) -> Path
         level = base_level(job, name)
         if level is not None:
             ax.axhline(level[1], ls="--", lw=1, color=f"C{k % 10}", label=f"{label}: {level[0]}")
+    ax.set_xlim(left=0)  # from the start of training, where the dashed levels were measured
     ax.set_xlabel("step (cumulative over stages)")
     ax.set_ylabel("greedy accuracy, validation split")
     ax.set_title("Validation accuracy during training (dashed: the model before training)")

@@ -346,8 +346,8 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "report.csv", index=False)
     made = [plots.plot_throughput_memory(df, out), plots.plot_reward_curves(jobs, labels, out),
-            plots.plot_learning_curve(jobs, labels, out / "learning_curve.png"), plots.plot_forgetting_kl(jobs, labels, out),
-            plots.plot_quantization(jobs, out)]
+            plots.plot_learning_curve(jobs, labels, out / "learning_curve.png"),
+            plots.plot_forgetting_kl(jobs, labels, out), plots.plot_quantization(jobs, out)]
     curriculum_plots = []
     for job, label in zip(jobs, labels):
         if job["curriculum"]:
@@ -429,12 +429,22 @@ def ewc_section(jobs: list[dict], out: Path) -> list[str]:
     return lines
 
 
-def run(dirs: list[str], out: str | None = None) -> int:
-    """Write the report of `dirs` and print its main table; returns the exit code."""
+def run(dirs: list[str], out: str | None = None, page: str | None = None, machine: str | None = None,
+        table: str | None = None) -> int:
+    """Write the report of `dirs` and print its main table, or with `page` write a results page
+    (results_page), or with `table` print one table's Markdown; returns the exit code."""
+    from grpo_exp.analysis import results_page
+
     try:
+        if table:
+            print(results_page.table_markdown(dirs, table), end="")
+            return 0
+        if page:
+            print(f"results page: {results_page.write_page(dirs, page, machine)}")
+            return 0
         df, out_dir = write_report(dirs, out)
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (FileNotFoundError, KeyError) as err:
+        print(f"error: {err.args[0] if err.args else err}", file=sys.stderr)
         return 2
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 60):
         print(main_table(df).to_string(index=False))

@@ -17,6 +17,10 @@ from grpo_exp.analysis import aggregates, seed_summary
 from grpo_exp.base.text import markdown_table
 
 
+# the tables' names, as `grpo-report --table` takes them, in the order reports give them
+NAMES = ("before_after", "seeds", "reward_fifths", "validation_accuracy")
+
+
 @dataclass
 class Section:
     """One table with its heading and the lines that say what it measured (split, problems)."""
@@ -126,23 +130,23 @@ def sections(jobs: list[dict], df: pd.DataFrame, labels: list[str], seed_labels:
     out = []
     comparison = before_after_table(jobs, labels)
     if not comparison.empty:
-        splits = ", ".join(sorted(set(comparison["split"])))
-        out.append(Section("before_after", f"Accuracy before and after training ({splits} split)",
+        splits = sorted(set(comparison["split"]))
+        named = f"{splits[0]} split" if len(splits) == 1 else f"splits: {', '.join(splits)}"
+        out.append(Section("before_after", f"Accuracy before and after training ({named})",
                            "Greedy accuracy of the starting model (`before model`: the base model, or the earlier "
                            "stage's for `start`) and the trained one on the same held-out problems of the split "
                            "named in `split` (before_after.json); the difference is paired, with McNemar's exact p.",
                            comparison))
     seeds = seed_table(df, seed_labels)
     if seeds is not None:
-        note = seed_summary.split_note(df.loc[df["status"] == "completed", "split"].dropna()
-                                       if "split" in df.columns else [])
+        # the one line on mixed splits stands at the top of the report or page (report.split_note)
         out.append(Section("seeds", "Each variant over seeds",
                            "Held-out accuracy (`eval_<set>_accuracy`, on the split in `split`) and its difference "
                            "from the base model on the same problems (`eval_<set>_diff`) over the variant's seeds "
                            "(`seeds`: n; each seed draws its own held-out problems): mean, min..max, the 95% t "
                            "interval of the mean over the n seeds (n - 1 degrees of freedom) and the 95% interval "
                            "of all its seeds' problems pooled (Wilson; paired for the difference). Ranked on the "
-                           "validation split only.", seed_summary.display(seeds), [note] if note else []))
+                           "validation split only.", seed_summary.display(seeds)))
     fifths = fifths_table(df, labels)
     if not fifths.empty:
         out.append(Section("reward_fifths", "Training reward by fifths of the run",
