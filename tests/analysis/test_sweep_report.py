@@ -59,9 +59,15 @@ def test_report_has_a_row_per_job_and_plots(report):
     assert (done["peak_rss_mb"] > 50).all() and done["reward_mean_last"].notna().all()
     failed = df[df["status"] == "failed"]
     assert len(failed) == 2 and failed["error"].str.contains("num_generations=3").all()
+    # one step: it is the last fifth of the run, and the periodic evaluation ran after it (the last step)
+    assert (done["reward_fifth_5"] == done["reward_mean_overall"]).all()
+    assert done[[f"reward_fifth_{k}" for k in range(1, 5)]].isna().all().all()
+    assert (done["split"] == "test").all() and done["validation_basic_accuracy_step_1"].between(0, 1).all()
     md = (out / "report.md").read_text()
     assert "Failed or unfinished jobs" in md and "Best variant per metric" in md
-    for name in ("throughput_memory.png", "reward_curves.png"):
+    assert "## Training reward by fifths of the run" in md
+    assert "## Accuracy before and after training (test split)" in md
+    for name in ("throughput_memory.png", "reward_curves.png", "learning_curve.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
