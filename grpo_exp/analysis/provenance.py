@@ -99,18 +99,10 @@ def run_commands(job_dirs: list[Path]) -> list[str]:
 
 
 def repo_commit(repo: Path = REPO) -> str | None:
-    """`git rev-parse --short HEAD` of the code's repository, marked when tracked files differ from it."""
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
+    """The code's commit where the page is written (base.commit)."""
+    from grpo_exp.base.commit import code_commit
 
-    commit = git("rev-parse", "--short", "HEAD")
-    if commit and git("status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
-    return commit
+    return code_commit(repo)
 
 
 def run_commits(job_dirs: list[Path]) -> list[str]:
