@@ -429,19 +429,9 @@ def ewc_section(jobs: list[dict], out: Path) -> list[str]:
     return lines
 
 
-def run(dirs: list[str], out: str | None = None, page: str | None = None, machine: str | None = None,
-        table: str | None = None) -> int:
-    """Write the report of `dirs` and print its main table, or with `page` write a results page
-    (results_page), or with `table` print one table's Markdown; returns the exit code."""
-    from grpo_exp.analysis import results_page
-
+def run(dirs: list[str], out: str | None = None) -> int:
+    """Write the report of `dirs` and print its main table; returns the exit code."""
     try:
-        if table:
-            print(results_page.table_markdown(dirs, table), end="")
-            return 0
-        if page:
-            print(f"results page: {results_page.write_page(dirs, page, machine)}")
-            return 0
         df, out_dir = write_report(dirs, out)
     except (FileNotFoundError, KeyError) as err:
         print(f"error: {err.args[0] if err.args else err}", file=sys.stderr)

@@ -7,6 +7,7 @@ grpo_exp.analysis.report and grpo_exp.analysis.results_page."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,12 +30,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from grpo_exp.analysis.report import run
     from grpo_exp.base import log
 
     log.set_level("INFO")  # the page's warnings (no --machine, a name not in docs/machines.md) reach stderr
+    if not (args.page or args.table):
+        from grpo_exp.analysis.report import run
 
-    return run(args.dirs, args.out, page=args.page, machine=args.machine, table=args.table)
+        return run(args.dirs, args.out)
+    from grpo_exp.analysis import results_page
+
+    try:
+        if args.table:
+            print(results_page.table_markdown(args.dirs, args.table), end="")
+        else:
+            print(f"results page: {results_page.write_page(args.dirs, args.page, args.machine)}")
+    except (FileNotFoundError, KeyError) as err:
+        print(f"error: {err.args[0] if err.args else err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
