@@ -184,6 +184,7 @@ def bf16_comparison(model, ids, mask, keep: int, reference_fn, fn, wrong_fn) -> 
 
 
 # as cpu.resolve_precision decides for a CPU: without native bf16 a run trains in fp32, and emulated bf16 is slow
+# (each test below took 27 s with torch held to AVX2, against 9 s natively, on 2 cores)
 needs_native_bf16 = pytest.mark.skipif(
     not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     or torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"),
