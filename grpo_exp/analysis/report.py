@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_exp.analysis import ewc_summary, seed_summary
+from grpo_exp.analysis import aggregates, ewc_summary, plots, seed_summary, tables
+from grpo_exp.analysis.tables import to_markdown
 from grpo_exp.base.io import eval_sets, read_jsonl
-from grpo_exp.base.text import markdown_table
 
 # metric -> True when higher is better
 MAIN_METRICS = {
@@ -178,10 +178,12 @@ def load_job(job: Path, root: Path | None = None) -> dict:
     for name, values in evaluation.items():
         row[f"eval_{name}_accuracy"] = values.get("accuracy")
     before_after = _read_json(job / "before_after.json") or {}
+    row["split"] = aggregates.job_split(before_after, eval_file)
     for name, values in (before_after.get("sets") or {}).items():
         row[f"eval_{name}_before"] = values.get("before")
         row[f"eval_{name}_diff"] = values.get("accuracy_diff")
         row[f"eval_{name}_mcnemar_p"] = values.get("mcnemar_p")
+    row.update(aggregates.pooled_counts(eval_file, before_after))
     if curriculum:
         for key in CURRICULUM_METRICS:
             row[key] = curriculum.get(key)
@@ -194,9 +196,13 @@ def load_job(job: Path, root: Path | None = None) -> dict:
         for key, value in record.items():
             if key.startswith("forgetting/") and key.endswith("/kl"):
                 row[f"forgetting_kl_{key.split('/')[1]}"] = value
+    if any("reward" in r for r in history):
+        row.update(aggregates.reward_fifths(history, metrics.get("steps")))
+    periodic = aggregates.periodic_accuracy(history)
+    row.update(aggregates.periodic_columns(periodic))
     row["dir"] = str(job)
     return {"row": row, "history": history, "curriculum": curriculum, "eval": evaluation, "before_after": before_after,
-            "quantization": (eval_file or {}).get("quantization") or row.get("quantization")}
+            "periodic": periodic, "quantization": (eval_file or {}).get("quantization") or row.get("quantization")}
 
 
 def _last_error_line(path: Path) -> str | None:
@@ -235,12 +241,21 @@ def build_frame(jobs: list[dict]) -> pd.DataFrame:
     metric_cols = [c for c in [*MAIN_METRICS, *CURRICULUM_METRICS] if c in df.columns]
     eval_cols = sorted(c for c in df.columns if c.startswith("eval_"))
     config_cols = [c for c in CONFIG_COLUMNS if c in df.columns]
-    order = front + overrides + config_cols + metric_cols + eval_cols + ["error", "dir"]
+    fifths = [c for c in df.columns if c.startswith(("reward_fifth_", "reward_mean_overall"))]
+    periodic = sorted((c for c in df.columns if c.startswith(f"{aggregates.PERIODIC_SPLIT}_") and "_step_" in c),
+                      key=_periodic_order)
+    order = front + overrides + config_cols + metric_cols + fifths + ["split"] + eval_cols + periodic
+    order += ["error", "dir"]
     order += [c for c in df.columns if c not in order]
     df = df[[c for c in order if c in df.columns]]
     # Drop metric columns that no job has (e.g. curriculum figures in a plain sweep).
     empty = [c for c in metric_cols + eval_cols if df[c].isna().all() and c not in MAIN_METRICS]
     return df.drop(columns=empty)
+
+
+def _periodic_order(column: str):
+    head, step = column.rsplit("_step_", 1)
+    return head, int(step) if step.isdigit() else 0
 
 
 def variant_labels(df: pd.DataFrame, keys: list[str] | None = None, unset: str | None = None) -> list[str]:
@@ -258,7 +273,9 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
     keys = swept_keys(df)
     metric_cols = [c for c in [*MAIN_METRICS, *CURRICULUM_METRICS] if c in df.columns]
     eval_cols = [c for c in df.columns if c.startswith(("eval_", "forgetting_kl_"))]
-    cols = ["job", "status", *keys, *metric_cols, *eval_cols]
+    # the split the eval_* figures were measured on, beside them
+    split = ["split"] if "split" in df.columns and df["split"].notna().any() else []
+    cols = ["job", "status", *keys, *metric_cols, *split, *eval_cols]
     table = df[cols].rename(columns={k: k.split(":", 1)[1] for k in keys})
     if "error" in df.columns and df["error"].notna().any():
         table = table.assign(error=df["error"].fillna(""))
@@ -266,20 +283,26 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_variants(df: pd.DataFrame) -> list[dict]:
-    """The best completed job for each metric with a direction (higher or lower is better)."""
+    """The best completed job for each metric with a direction (higher or lower is better). Held-out
+    accuracy and gain are compared within one split: when the jobs mix splits, on validation only."""
     done = df[df["status"] == "completed"]
     labels = dict(zip(df.index, variant_labels(df)))
-    directions = {**MAIN_METRICS, **CURRICULUM_METRICS, **{c: True for c in df.columns if c.startswith("eval_")}}
+    scored = {c: True for c in df.columns if c.startswith("eval_") and c.endswith(("_accuracy", "_diff"))}
+    known = set(done["split"].dropna()) if "split" in done.columns else set()
+    within = next(iter(known)) if len(known) == 1 else (aggregates.VALIDATION if known else None)
     out = []
-    for metric, higher in directions.items():
+    for metric, higher in {**MAIN_METRICS, **CURRICULUM_METRICS, **scored}.items():
         if higher is None or metric not in done.columns:
             continue
         values = pd.to_numeric(done[metric], errors="coerce").dropna()
+        split = within if metric in scored else None
+        if split:
+            values = values[done.loc[values.index, "split"] == split]
         if values.empty:
             continue
         idx = values.idxmax() if higher else values.idxmin()
         out.append({"metric": metric, "best": "highest" if higher else "lowest", "value": values[idx],
-                    "job": df.loc[idx, "job"], "variant": labels[idx]})
+                    **({"split": split} if split else {}), "job": df.loc[idx, "job"], "variant": labels[idx]})
     return out
 
 
@@ -287,222 +310,50 @@ def _short(text: str, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _fmt(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(df: pd.DataFrame) -> str:
-    if df.empty:
-        return "_(none)_"
-    return markdown_table(list(df.columns), [[_fmt(v) for v in row.tolist()] for _, row in df.iterrows()])
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _numeric(series: pd.Series) -> pd.Series:
-    return pd.to_numeric(series, errors="coerce")
-
-
-def plot_throughput_memory(df: pd.DataFrame, out: Path) -> Path | None:
-    done = df[df["status"] == "completed"].copy()
-    if done.empty or not {"threads", "batch_size"} <= set(done.columns):
-        return None
-    done["threads"] = _numeric(done["threads"])
-    done["batch_size"] = _numeric(done["batch_size"])
-    done["completion_tokens_per_s"] = _numeric(done["completion_tokens_per_s"])
-    done["peak_rss_mb"] = _numeric(done["peak_rss_mb"])
-    if done[["completion_tokens_per_s", "peak_rss_mb"]].isna().all().all():
-        return None
-    multi_model = "model" in done.columns and done["model"].nunique() > 1
-    plt = _plt()
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    panels = [("threads", "batch_size", "completion_tokens_per_s", "completion tokens / s"),
-              ("batch_size", "threads", "completion_tokens_per_s", "completion tokens / s"),
-              ("threads", "batch_size", "peak_rss_mb", "peak RSS (MB)"),
-              ("batch_size", "threads", "peak_rss_mb", "peak RSS (MB)")]
-    for ax, (x, by, y, ylabel) in zip(axes.flat, panels):
-        keys = [by, "model"] if multi_model else [by]
-        for key, group in done.dropna(subset=[x, y]).groupby(keys):
-            key = key if isinstance(key, tuple) else (key,)
-            group = group.sort_values(x)
-            label = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in zip(keys, key))
-            ax.plot(group[x], group[y], marker="o", label=label)
-        ticks = sorted(done[x].dropna().unique())
-        if ticks:
-            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-        ax.set_xlabel(x.replace("_", " "))
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.suptitle("Throughput and peak memory vs threads and batch size")
-    return _save(plt, fig, out / "throughput_memory.png")
-
-
-def _history_points(history: list[dict], key: str) -> list[tuple[int, float]]:
-    """(cumulative step, value) of every history row that logged `key`."""
-    return [(r.get("global_step", r.get("step")), r[key]) for r in history if isinstance(r.get(key), (int, float))]
-
-
-def _line_plot(curves: list[tuple[str, list]], ylabel: str, title: str, path: Path,
-               marker: str | None = None) -> Path | None:
-    """One line per (label, points), against the cumulative step."""
-    if not curves:
-        return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 5))
-    for label, points in curves:
-        xs, ys = zip(*points)
-        ax.plot(xs, ys, marker=marker or ("." if len(xs) < 50 else None), label=label)
-    ax.set_xlabel("step (cumulative over stages)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(plt, fig, path)
-
-
-def plot_reward_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
-    curves = [(label, points) for job, label in zip(jobs, labels)
-              if (points := _history_points(job["history"], "reward"))]
-    return _line_plot(curves, "mean reward", "Reward per variant", out / "reward_curves.png")
-
-
-def plot_heldout_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
-    """Greedy held-out accuracy during training (eval.every_steps), one line per variant and set; the
-    starting model's figure from before_after.json is drawn at step 0 where the run has one."""
-    curves = []
-    for job, label in zip(jobs, labels):
-        keys = sorted({k for r in job["history"] for k in r if k.startswith("eval/") and k.endswith("/accuracy")})
-        before = (_read_json(Path(job["row"]["dir"]) / "before_after.json") or {}).get("sets") or {}
-        for key in keys:
-            name = key.split("/")[1]
-            points = _history_points(job["history"], key)
-            if name in before and points and points[0][0] > 0:
-                points.insert(0, (0, before[name]["before"]))
-            curves.append((f"{label} ({name})" if len(keys) > 1 else label, points))
-    return _line_plot(curves, "greedy held-out accuracy",
-                      "Held-out accuracy during training (step 0: the starting model, full eval set)",
-                      out / "heldout_accuracy.png", marker="o")
-
-
-def plot_forgetting_kl(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
-    """KL from the previous stage's policy on each earlier stage's prompts (eval.forgetting_sets), one line
-    per variant and earlier stage: how far a later stage moves the policy where it was trained before."""
-    curves = []
-    for job, label in zip(jobs, labels):
-        keys = sorted({k for r in job["history"] for k in r if k.startswith("forgetting/") and k.endswith("/kl")})
-        for key in keys:
-            curves.append((f"{label} ({key.split('/')[1]})", _history_points(job["history"], key)))
-    return _line_plot(curves, "KL(previous stage || now), nats per completion",
-                      "Forgetting: KL from the previous stage's policy on earlier stages' prompts",
-                      out / "forgetting_kl.png", marker="o")
-
-
-def _save(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def plot_curriculum(curriculum: dict, title: str, path: Path) -> Path | None:
-    stages = curriculum.get("stages") or []
-    matrix = curriculum.get("matrix") or []
-    if not stages or not matrix:
-        return None
-    rows = ([("base", curriculum["base"])] if curriculum.get("base") else []) + list(zip(stages, matrix))
-    values = [[(r[j] if j < len(r) and r[j] is not None else float("nan")) for j in range(len(stages))]
-              for _, r in rows]
-    plt = _plt()
-    import numpy as np
-
-    data = np.array(values, dtype=float)
-    fig, ax = plt.subplots(figsize=(1.6 * len(stages) + 3, 0.8 * len(rows) + 2))
-    image = ax.imshow(np.ma.masked_invalid(data), vmin=0, vmax=1, cmap="viridis")
-    ax.set_xticks(range(len(stages)), stages)
-    ax.set_yticks(range(len(rows)), [f"after {n}" if n != "base" else "base" for n, _ in rows])
-    ax.set_xlabel("evaluated on")
-    for i in range(data.shape[0]):
-        for j in range(data.shape[1]):
-            if not math.isnan(data[i, j]):
-                ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center",
-                        color="white" if data[i, j] < 0.5 else "black")
-    fig.colorbar(image, ax=ax, label="accuracy")
-    extra = f"avg acc {curriculum['average_accuracy']:.3f}" if curriculum.get("average_accuracy") is not None else ""
-    if curriculum.get("bwt") is not None:
-        extra += f", BWT {curriculum['bwt']:+.3f}"
-    ax.set_title(f"{title}\n{extra}".strip())
-    return _save(plt, fig, path)
-
-
-def plot_quantization(jobs: list[dict], out: Path) -> Path | None:
-    """Accuracy (and speed, size when recorded) of evaluations with quantization none vs dynamic_int8."""
-    by_method: dict[str, dict[str, list[dict]]] = {}
-    for job in jobs:
-        if job["eval"] and job["row"]["status"] == "completed":
-            method = str(job["quantization"] or "none")
-            for name, values in job["eval"].items():
-                by_method.setdefault(method, {}).setdefault(name, []).append(values)
-    if not {"none", "dynamic_int8"} <= set(by_method):
-        return None
-    sets = sorted(set(by_method["none"]) & set(by_method["dynamic_int8"]))
-    if not sets:
-        return None
-    panels = [(k, t) for k, t in (("accuracy", "accuracy"), ("tokens_per_s", "tokens / s"),
-                                  ("model_size_mb", "model size (MB)"))
-              if any(k in v for m in ("none", "dynamic_int8") for s in sets for v in by_method[m][s])]
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
-    width = 0.38
-    for ax, (key, title) in zip(axes[0], panels):
-        for k, (method, label) in enumerate((("none", "fp32"), ("dynamic_int8", "int8"))):
-            means = []
-            for s in sets:
-                vals = [v[key] for v in by_method[method][s] if isinstance(v.get(key), (int, float))]
-                means.append(statistics.mean(vals) if vals else 0.0)
-            ax.bar([i + (k - 0.5) * width for i in range(len(sets))], means, width, label=label)
-        ax.set_xticks(range(len(sets)), sets)
-        ax.set_title(title)
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
-    fig.suptitle("fp32 vs dynamic int8")
-    return _save(plt, fig, out / "quantization.png")
-
-
 # ---------------------------------------------------------------- report
 
-def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Path]:
-    """Build the table and plots for the given multirun/run directories; returns (DataFrame, out dir)."""
+def seed_labels(df: pd.DataFrame) -> list[str]:
+    """Each job's variant over seeds: its swept overrides other than the seed. Jobs that override none of
+    them (the default recipe beside its levers) are one variant, not one per job: they differ only in seed."""
+    keys = [k for k in swept_keys(df) if k != seed_summary.SEED_KEY]
+    return variant_labels(df, keys, unset=seed_summary.DEFAULTS) if keys else ["all"] * len(df)
+
+
+def load_report(paths) -> dict:
+    """The jobs under `paths` with the report's frame and labels: {"jobs", "df", "labels", "sections"}."""
     paths = [Path(p) for p in paths]
-    out = Path(out) if out else paths[0]
-    out.mkdir(parents=True, exist_ok=True)
     jobs = load_jobs(paths)
     df = build_frame(jobs)
     if df.empty:
         raise SystemExit(f"no runs found under {', '.join(map(str, paths))}")
-    df.to_csv(out / "report.csv", index=False)
-
     labels = variant_labels(df)
-    plots = [plot_throughput_memory(df, out), plot_reward_curves(jobs, labels, out),
-             plot_heldout_curves(jobs, labels, out), plot_forgetting_kl(jobs, labels, out),
-             plot_quantization(jobs, out)]
+    return {"paths": paths, "jobs": jobs, "df": df, "labels": labels,
+            "sections": tables.sections(jobs, df, labels, seed_labels(df))}
+
+
+def split_note(df: pd.DataFrame) -> str | None:
+    """The one line saying the completed jobs' held-out figures are not all on the validation split."""
+    if "split" not in df.columns:
+        return None
+    return seed_summary.split_note(df.loc[df["status"] == "completed", "split"].dropna())
+
+
+def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Path]:
+    """Build the table and plots for the given multirun/run directories; returns (DataFrame, out dir)."""
+    loaded = load_report(paths)
+    paths, jobs, df, labels = loaded["paths"], loaded["jobs"], loaded["df"], loaded["labels"]
+    out = Path(out) if out else paths[0]
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "report.csv", index=False)
+    made = [plots.plot_throughput_memory(df, out), plots.plot_reward_curves(jobs, labels, out),
+            plots.plot_learning_curve(jobs, labels, out / "learning_curve.png"),
+            plots.plot_forgetting_kl(jobs, labels, out), plots.plot_quantization(jobs, out)]
     curriculum_plots = []
     for job, label in zip(jobs, labels):
         if job["curriculum"]:
             name = "curriculum_" + "".join(c if c.isalnum() else "_" for c in str(job["row"]["job"])) + ".png"
-            curriculum_plots.append((job, plot_curriculum(job["curriculum"], _short(f"Accuracy matrix: {label}"), out / name)))
+            plot = plots.plot_curriculum(job["curriculum"], _short(f"Accuracy matrix: {label}"), out / name)
+            curriculum_plots.append((job, plot))
 
     table = main_table(df)
     keys = swept_keys(df)
@@ -516,6 +367,8 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
     ]
     if common:
         lines.append("Common overrides: " + ", ".join(f"`{k}={v}`" for k, v in common.items()))
+    if split_note(df):
+        lines += ["", split_note(df)]
     lines += ["", "## Results", "", to_markdown(table), ""]
     best = best_variants(df)
     if best:
@@ -532,30 +385,17 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
             lines += [cur["table"], ""]
         if plot:
             lines += [f"![curriculum]({plot.name})", ""]
-    lines += seed_section(df, keys, out)
+    for section in loaded["sections"]:
+        lines += [f"## {section.title}", "", *section.markdown()]
+    seeds = tables.seed_table(df, seed_labels(df))
+    if seeds is not None:
+        seeds.to_csv(out / "seed_summary.csv", index=False)
     lines += ewc_section(jobs, out)
-    made = [p for p in plots if p]
+    made = [p for p in made if p]
     if made:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in made] + [""]
     (out / "report.md").write_text("\n".join(lines))
     return df, out
-
-
-def seed_section(df: pd.DataFrame, keys: list[str], out: Path) -> list[str]:
-    """report.md's table of each variant over seeds (and seed_summary.csv), for sweeps that scored a
-    variant on two seeds or more; no lines otherwise."""
-    keys = [k for k in keys if k != seed_summary.SEED_KEY]
-    # jobs that override none of the swept keys (the default recipe beside its levers) are one variant, not
-    # one per job: they differ only in their seeds
-    table = seed_summary.per_variant(df, variant_labels(df, keys, unset=seed_summary.DEFAULTS) if keys
-                                     else ["all"] * len(df))
-    if table is None:
-        return []
-    table.to_csv(out / "seed_summary.csv", index=False)
-    return ["## Each variant over seeds", "",
-            "Held-out accuracy (`eval_<set>_accuracy`) and its difference from the base model on the same problems "
-            "(`eval_<set>_diff`): mean, minimum and maximum over the variant's seeds (each seed draws its own "
-            "held-out problems).", "", to_markdown(table), ""]
 
 
 def ewc_section(jobs: list[dict], out: Path) -> list[str]:
@@ -593,8 +433,8 @@ def run(dirs: list[str], out: str | None = None) -> int:
     """Write the report of `dirs` and print its main table; returns the exit code."""
     try:
         df, out_dir = write_report(dirs, out)
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (FileNotFoundError, KeyError) as err:
+        print(f"error: {err.args[0] if err.args else err}", file=sys.stderr)
         return 2
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 60):
         print(main_table(df).to_string(index=False))

@@ -1,24 +1,53 @@
 """`grpo-report outputs/train/multiruns/<sweep> [more dirs...] [--out DIR]` (or `python -m grpo_exp.apps.report`):
 report.md, report.csv and PNG plots of sweeps and runs (into the first directory unless --out is given),
-and the main table printed. The logic lives in grpo_exp.analysis.report."""
+and the main table printed. `--page docs/results/<name>.md --machine NAME` writes a results page instead
+(its plots in docs/results/<name>/); `--table NAME` prints one of its tables. The logic lives in
+grpo_exp.analysis.report and grpo_exp.analysis.results_page."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from grpo_exp.analysis.tables import NAMES
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("dirs", nargs="+", help="multirun directories (outputs/train/multiruns/...) or run directories")
     parser.add_argument("--out", help="where report.md, report.csv and the plots go (default: the first dir)")
-    return parser.parse_args(argv)
+    parser.add_argument("--page", help="write a results page here (e.g. docs/results/<name>.md), its plots into "
+                                       "the folder of the same name, instead of the report")
+    parser.add_argument("--machine", help="the machine the runs ran on, an entry of docs/machines.md (page header)")
+    parser.add_argument("--table", choices=NAMES, help="print this table of the page (Markdown) and write nothing")
+    args = parser.parse_args(argv)
+    if args.machine and not args.page:
+        parser.error("--machine names the machine in a results page; give --page too")
+    if args.table and (args.page or args.out):
+        parser.error("--table prints one table and writes nothing; leave out --page and --out")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from grpo_exp.analysis.report import run
+    from grpo_exp.base import log
 
-    return run(args.dirs, args.out)
+    log.set_level("INFO")  # the page's warnings (no --machine, a name not in docs/machines.md) reach stderr
+    if not (args.page or args.table):
+        from grpo_exp.analysis.report import run
+
+        return run(args.dirs, args.out)
+    from grpo_exp.analysis import results_page
+
+    try:
+        if args.table:
+            print(results_page.table_markdown(args.dirs, args.table), end="")
+        else:
+            print(f"results page: {results_page.write_page(args.dirs, args.page, args.machine)}")
+    except (FileNotFoundError, KeyError) as err:
+        print(f"error: {err.args[0] if err.args else err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

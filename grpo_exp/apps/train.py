@@ -5,6 +5,8 @@ status.json and maps errors to exit codes; grpo_exp.training does the work."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from grpo_exp.apps.task import run_task
 
 
@@ -22,10 +24,32 @@ def train_task(cfg) -> dict:
             # each stage composes its own config from the overrides, and the task wrapper may have set
             # this job's threads itself (its share of the cores under a parallel launcher)
             overrides.append(f"cpu.threads={cfg.cpu.threads}")
-        return run_curriculum(cfg, overrides)
+        result = run_curriculum(cfg, overrides)
+        for history in sorted(Path(cfg.paths.output_dir).glob("*/history.jsonl")):  # one per stage
+            show_outputs(history.parent)
+        return result
     from grpo_exp.training.stage import train
 
-    return train(cfg)
+    result = train(cfg)
+    show_outputs(cfg.paths.output_dir)
+    return result
+
+
+def show_outputs(run_dir) -> None:
+    """Draw the run's curves.png and say where its files are and how to look at them."""
+    from grpo_exp.analysis.run_curves import write_curves
+    from grpo_exp.base import dist, log
+
+    if not dist.is_main():
+        return
+    curves = write_curves(run_dir)
+    run_dir = Path(run_dir)
+    files = [name for name in ("model", "metrics.json", "before_after.md", "eval.json", "history.jsonl",
+                               "completions.jsonl", "curves.png") if (run_dir / name).exists()]
+    log.get_logger(__name__).info(
+        "run files in %s: %s. Look at them with: grpo-report %s (tables and plots), grpo-app --outputs %s "
+        "(web app)%s", run_dir, ", ".join(files), run_dir, run_dir.parent,
+        f"; curves: {curves}" if curves else "")
 
 
 def check(cfg) -> None:

@@ -363,12 +363,26 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
     comparison = before_after(sets, before, {"sets": report["sets"], "samples": trained_samples},
                               "start" if start_model_dir else "base", cfg.eval.split)
     comparison["before_source"] = before.get("source")
+    if cfg.eval.every_steps:
+        comparison["validation_before"] = validation_before(cfg, start_model_dir)
     from grpo_exp.base.io import write_json
 
     write_json(Path(run_dir) / "before_after.json", comparison)
     (Path(run_dir) / "before_after.md").write_text(comparison["table"] + "\n")
     print(comparison["table"])
     return {**report["sets"], "before_after": {name: c for name, c in comparison["sets"].items()}}
+
+
+def validation_before(cfg, start_model_dir: Path | None) -> dict:
+    """The starting model's greedy accuracy on the validation problems the periodic evaluation scores (the
+    first eval.every_limit): the level a run's learning curve starts from (cached as the base figures are)."""
+    stage, max_new_tokens = cfg.stage, int(cfg.train.max_completion_length)  # as the periodic evaluation
+    limit = cfg.eval.every_limit if stage.dataset == "gsm8k" else min(cfg.eval.every_limit, stage.num_validation)
+    examples = held_out_split(stage, "validation", limit, cfg.train.seed)[:limit]
+    source = "generated" if stage.dataset != "gsm8k" else str(stage.path or stage.hub_id)
+    sets = [EvalSet(stage.name, stage.dataset, max_new_tokens, source, examples, len(examples))]
+    result = starting_model_results(cfg, sets, start_model_dir)["sets"][stage.name]
+    return {"set": stage.name, "n": result["n"], "accuracy": result["accuracy"]}
 
 
 def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = None) -> tuple[Path, dict]:

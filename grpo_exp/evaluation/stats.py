@@ -57,3 +57,49 @@ def paired(a: list[dict], b: list[dict]) -> dict:
     diff = (sum(y["correct"] for y in b) - sum(x["correct"] for x in a)) / n if n else 0.0
     return {"accuracy_diff": diff, "accuracy_diff_ci95": list(paired_difference_interval(only_a, only_b, n)),
             "only_first_correct": only_a, "only_second_correct": only_b, "mcnemar_p": mcnemar_exact_p(only_a, only_b)}
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p quantile (p > 0.5) of Student's t with `df` degrees of freedom, by bisection on its exact
+    distribution function for whole df (Abramowitz and Stegun 26.7.3-4), so no scipy is needed."""
+    if not 0.5 < p < 1 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 < p < 1 and df >= 1, got p={p}, df={df}")
+    target = 2 * p - 1  # P(|T| < t)
+    low, high = 0.0, 1.0
+    while _t_central(high, df) < target:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_central(mid, df) < target else (low, mid)
+    return (low + high) / 2
+
+
+def _t_central(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with whole df: a finite series in theta = atan(t / sqrt(df))."""
+    theta = math.atan(t / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2 == 0:
+        term = total = 1.0
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return s * total
+    if df == 1:
+        return 2 * theta / math.pi
+    term = total = math.cos(theta)
+    for k in range(1, (df - 1) // 2):
+        term *= c2 * (2 * k) / (2 * k + 1)
+        total += term
+    return 2 / math.pi * (theta + s * total)
+
+
+def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The t interval of the mean of `values` (e.g. one accuracy per training seed), or None for fewer
+    than two values: it treats each value as one draw, so it widens with the spread between seeds."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return mean - half, mean + half

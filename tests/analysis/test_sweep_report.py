@@ -59,9 +59,15 @@ def test_report_has_a_row_per_job_and_plots(report):
     assert (done["peak_rss_mb"] > 50).all() and done["reward_mean_last"].notna().all()
     failed = df[df["status"] == "failed"]
     assert len(failed) == 2 and failed["error"].str.contains("num_generations=3").all()
+    # one step: it is the last fifth of the run, and the periodic evaluation ran after it (the last step)
+    assert (done["reward_fifth_5"] == done["reward_mean_overall"]).all()
+    assert done[[f"reward_fifth_{k}" for k in range(1, 5)]].isna().all().all()
+    assert (done["split"] == "test").all() and done["validation_basic_accuracy_step_1"].between(0, 1).all()
     md = (out / "report.md").read_text()
     assert "Failed or unfinished jobs" in md and "Best variant per metric" in md
-    for name in ("throughput_memory.png", "reward_curves.png"):
+    assert "## Training reward by fifths of the run" in md
+    assert "## Accuracy before and after training (test split)" in md
+    for name in ("throughput_memory.png", "reward_curves.png", "learning_curve.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
@@ -202,7 +208,8 @@ def test_report_scores_each_variant_over_seeds(tmp_path):
         _fake_job(sweep / str(i), [f"ablation={ablation}", f"train.seed={seed}"], {"train": {"seed": seed}},
                   {"metrics.json": {"status": "completed", "steps": 90},
                    "eval.json": {"sets": {"basic": {"accuracy": after, "n": 200}}},
-                   "before_after.json": {"sets": {"basic": {"before": before, "after": after,
+                   "before_after.json": {"split": "validation",
+                                         "sets": {"basic": {"before": before, "after": after,
                                                             "accuracy_diff": after - before}}}})
     _fake_job(sweep / "4", ["ablation=beta", "train.seed=1"], {"train": {"seed": 1}},
               {"status.json": {"status": "failed", "error": "ConfigError: x"}})
@@ -228,7 +235,7 @@ def test_runs_with_no_lever_are_one_variant_over_seeds(tmp_path):
     for i, ((lever, seed), after) in enumerate(scored.items()):
         _fake_job(runs / f"run{i}", [*([lever] if lever else []), f"train.seed={seed}"], {"train": {"seed": seed}},
                   {"metrics.json": {"status": "completed", "steps": 90},
-                   "eval.json": {"sets": {"basic": {"accuracy": after, "n": 200}}}})
+                   "eval.json": {"config": {"split": "validation"}, "sets": {"basic": {"accuracy": after, "n": 200}}}})
     write_report([runs])
     table = pd.read_csv(runs / "seed_summary.csv").set_index("variant")
     assert table.index.tolist() == ["train.lr_scheduler_type=linear", "(defaults)"]

@@ -60,3 +60,7 @@ def test_entrypoint_runs_as_a_user_would(tmp_path):
     assert (run_dir / "model" / "config.json").exists()
     # the model directory is plain safetensors, not a pickle
     assert list((run_dir / "model").glob("*.safetensors"))
+    # the run draws its own picture and says where its files are
+    assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"run files in {run_dir}" in proc.stdout + proc.stderr and "grpo-report" in proc.stdout + proc.stderr
+    assert isinstance(metrics["git_commit"], str)

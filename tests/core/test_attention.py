@@ -14,6 +14,9 @@ from grpo_exp.core import attention, models
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
+from tests.training.test_shared_prefix import tiny  # noqa: F401 (fixture)
+from tests.training.test_shared_prefix import (PROMPTS, bf16_comparison, grpo_batch, needs_native_bf16, trl_forward,
+                                               without_first_prompt_token)
 
 
 def _left_padded(model, seed: int, width: int, pads: tuple[int, ...]):
@@ -48,6 +51,28 @@ def test_grouped_attention_equals_eager_in_forward_and_backward(tmp_path):
     torch.testing.assert_close(grouped_logits, eager_logits, rtol=1e-5, atol=1e-5)
     for name, grad in eager_grads.items():
         torch.testing.assert_close(grouped_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@needs_native_bf16
+def test_grouped_attention_under_bf16_autocast_matches_sdpa_in_trls_forward_and_two_steps(tiny):
+    """TRL's scoring forward with grouped attention against the same with sdpa (the attention TRL runs), both under
+    bf16 autocast as training on this CPU: log-probs, entropies, gradients, the losses of two AdamW steps, within
+    bf16_tolerances (tests/training/test_shared_prefix.py), where a key the mask should let through is not."""
+    model, tokenizer = tiny
+    ids, mask = grpo_batch(tokenizer, PROMPTS, repeats=3, completion_len=10)
+    keep = 10
+
+    def trls(choice, scored_mask=mask):
+        def run():
+            attention.use(model, choice)
+            return trl_forward(model, ids, scored_mask, keep)
+        return run
+
+    tolerances, errors, wrong = bf16_comparison(model, ids, mask, keep, trls("sdpa"), trls("grouped"),
+                                                trls("grouped", without_first_prompt_token(mask, keep)))
+    assert all(errors[k] <= tolerances[k] for k in tolerances), (errors, tolerances)
+    # the tolerances catch a real bug (entropies aside: see the shared-prefix test)
+    assert all(wrong[k] > tolerances[k] for k in ("logps", "grads", "losses")), (wrong, tolerances)
 
 
 def test_greedy_generation_is_the_same_with_grouped_attention(tmp_path):

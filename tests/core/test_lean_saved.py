@@ -4,6 +4,8 @@ forward and backward, with the weights' bf16 casts no longer held from the forwa
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
 
 import pytest
 import torch
@@ -37,18 +39,24 @@ def shared_prefix_scoring(model, ids, mask, keep):
     return shared_prefix.completion_logps(model, ids, mask, keep, 0.7, True, "autocast")[0]
 
 
+def shared_prefix_scoring_trl_head(model, ids, mask, keep):
+    """With TRL's LM-head kernel, which train.logprob_kernel=auto picks on CUDA."""
+    return shared_prefix.completion_logps(model, ids, mask, keep, 0.7, True, "trl")[0]
+
+
 def trl_path(model, ids, mask, keep):
     logits = model(input_ids=ids, attention_mask=mask).logits[:, -keep - 1:-1].float()
     return torch.log_softmax(logits, -1).gather(-1, ids[:, -keep:, None]).squeeze(-1)
 
 
-def forward_backward(model, score, lean: bool):
+def forward_backward(model, score, lean: bool, device: str = "cpu"):
     model.zero_grad(set_to_none=True)
     ids, mask, keep = batch()
+    ids, mask = ids.to(device), mask.to(device)
     with lean_saved.lean_forward(model) if lean else contextlib.nullcontext():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             logps = score(model, ids, mask, keep)
-    (logps * torch.linspace(-1, 1, logps.numel()).view_as(logps)).sum().backward()
+    (logps * torch.linspace(-1, 1, logps.numel(), device=device).view_as(logps)).sum().backward()
     return logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
@@ -62,6 +70,46 @@ def test_log_probs_and_gradients_equal_autocasts_bit_for_bit(llama, score):
         assert grad.abs().sum() > 0, name  # every weight takes part
         assert torch.equal(lean_grads[name], grad), name
     assert all("forward" not in m.__dict__ for m in llama.modules())  # the Linear layers have their own forward back
+
+
+@pytest.fixture(scope="module")
+def llama_cuda(llama):
+    return copy.deepcopy(llama).cuda()
+
+
+@pytest.fixture
+def deterministic_cuda(monkeypatch):
+    """torch's deterministic CUDA kernels for one test. Without them index_select's backward (the shared prefix's
+    cache gather) and sdpa's memory-efficient backward add with atomics, in an order that changes from run to run,
+    and a bit-for-bit comparison would see that order instead of the hooks. torch refuses cuBLAS in that mode unless
+    CUBLAS_WORKSPACE_CONFIG names a fixed workspace (it matters where streams share one; the test runs on one)."""
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attn", ["sdpa", "grouped"])  # train.attention=auto's choice on CUDA, and on a CPU
+@pytest.mark.parametrize("score", [shared_prefix_scoring, shared_prefix_scoring_trl_head, trl_path],
+                         ids=["shared_prefix", "shared_prefix_trl_head", "trl_forward"])
+def test_log_probs_and_gradients_equal_autocasts_bit_for_bit_on_cuda(llama_cuda, deterministic_cuda, score, attn):
+    """train.saved_tensors=auto is lean under bf16 on CUDA too: the same check where CUDA's autocast, cuBLAS and
+    kernels compute, the recast weights' products included."""
+    assert attention.use(llama_cuda, attn)
+    plain_logps, plain_grads = forward_backward(llama_cuda, score, lean=False, device="cuda")
+    lean_logps, lean_grads = forward_backward(llama_cuda, score, lean=True, device="cuda")
+    assert lean_logps.is_cuda and torch.equal(lean_logps, plain_logps)
+    assert plain_grads.keys() == lean_grads.keys()
+    for name, grad in plain_grads.items():
+        assert grad.abs().sum() > 0, name  # every weight takes part
+        assert torch.equal(lean_grads[name], grad), name
+    assert all("forward" not in m.__dict__ for m in llama_cuda.modules())
 
 
 def bytes_held_after_forward(model, lean: bool) -> int:

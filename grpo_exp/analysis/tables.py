@@ -1,0 +1,163 @@
+"""The report's tables of held-out results, each labelled with the split it was measured on: accuracy
+before and after training per job, each variant over seeds, the reward by fifths of the run and the
+validation accuracy at each periodic evaluation. report.md and the results pages (results_page.py)
+show the same tables, and `grpo-report <dirs> --table NAME` prints one of them.
+
+Every figure is read from or computed on the runs' files (report.load_job, aggregates); none is typed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from grpo_exp.analysis import aggregates, seed_summary
+from grpo_exp.base.text import markdown_table
+
+
+# the tables' names, as `grpo-report --table` takes them, in the order reports give them
+NAMES = ("before_after", "seeds", "reward_fifths", "validation_accuracy")
+
+
+@dataclass
+class Section:
+    """One table with its heading and the lines that say what it measured (split, problems)."""
+    name: str  # what `grpo-report --table` takes
+    title: str
+    intro: str
+    table: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> list[str]:
+        lines = [self.intro, ""] if self.intro else []
+        lines += [to_markdown(self.table), ""]
+        return lines + [note for n in self.notes for note in (n, "")]
+
+
+def fmt(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "_(none)_"
+    return markdown_table(list(df.columns), [[fmt(v) for v in row.tolist()] for _, row in df.iterrows()])
+
+
+def _ci(value, interval) -> str:
+    if not isinstance(value, (int, float)):
+        return ""
+    if not interval or len(interval) != 2:
+        return f"{value:.3f}"
+    return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def _diff(value, interval) -> str:
+    if not isinstance(value, (int, float)):
+        return ""
+    if not interval or len(interval) != 2:
+        return f"{value:+.3f}"
+    return f"{value:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
+
+
+def before_after_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
+    """One row per job and evaluated set of before_after.json: the starting model's and the trained
+    model's greedy accuracy on the same held-out problems of the named split, the paired difference and
+    McNemar's p."""
+    rows = []
+    for job, label in zip(jobs, labels):
+        comparison = job["before_after"] or {}
+        source = (comparison.get("before_source") or {}).get("from") or ""
+        for name, v in (comparison.get("sets") or {}).items():
+            rows.append({"job": job["row"]["job"], "variant": label, "seed": job["row"].get("seed"),
+                         "split": comparison.get("split") or aggregates.UNRECORDED, "set": name, "n": v.get("n"),
+                         "distinct": v.get("distinct"), "before model": comparison.get("before"),
+                         "before [95% CI]": _ci(v.get("before"), v.get("before_ci95")),
+                         "after [95% CI]": _ci(v.get("after"), v.get("after_ci95")),
+                         "difference [paired 95% CI]": _diff(v.get("accuracy_diff"), v.get("accuracy_diff_ci95")),
+                         "McNemar p": f"{v['mcnemar_p']:.2g}" if isinstance(v.get("mcnemar_p"), float) else "",
+                         "before figures": source})
+    return pd.DataFrame(rows)
+
+
+def fifths_table(df: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+    """One row per job that logged a reward: its steps, the mean reward in each fifth of them and overall."""
+    columns = [f"reward_fifth_{k}" for k in range(1, aggregates.FIFTHS + 1)] + ["reward_mean_overall"]
+    if not set(columns) <= set(df.columns):
+        return pd.DataFrame()
+    has = df[columns].notna().any(axis=1)
+    out = pd.DataFrame({"job": df["job"], "variant": labels, "seed": df.get("seed"), "steps": df.get("steps")})
+    out = pd.concat([out, df[columns]], axis=1)[has]
+    return out.rename(columns={f"reward_fifth_{k}": f"fifth {k}" for k in range(1, aggregates.FIFTHS + 1)}
+                      | {"reward_mean_overall": "overall"}).reset_index(drop=True)
+
+
+def periodic_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
+    """One row per job and set of the periodic evaluations: the problems scored, the starting model's
+    figure on the validation split where the job has one (before_after.json), and the accuracy at each
+    evaluated step (columns `step <s>`, blank where a job did not evaluate at that step)."""
+    rows, steps = [], set()
+    for job, label in zip(jobs, labels):
+        comparison = job["before_after"] or {}
+        before = (comparison.get("sets") or {}) if comparison.get("split") == aggregates.VALIDATION else {}
+        for name, points in (job.get("periodic") or {}).items():
+            row = {"job": job["row"]["job"], "variant": label, "seed": job["row"].get("seed"), "set": name,
+                   "n": next((n for _, _, n in points if n), None),
+                   "base (n)": (f"{before[name]['before']:.3f} ({before[name].get('n')})" if name in before else "")}
+            for step, accuracy, _ in points:
+                row[f"step {step}"] = accuracy
+                steps.add(step)
+            rows.append(row)
+    if not rows:
+        return pd.DataFrame()
+    front = ["job", "variant", "seed", "set", "n", "base (n)"]
+    return pd.DataFrame(rows)[front + [f"step {s}" for s in sorted(steps)]]
+
+
+def seed_table(df: pd.DataFrame, seed_labels: list[str]) -> pd.DataFrame | None:
+    """seed_summary.per_variant of the report's frame (None when no variant has two seeds)."""
+    return seed_summary.per_variant(df, seed_labels)
+
+
+def sections(jobs: list[dict], df: pd.DataFrame, labels: list[str], seed_labels: list[str]) -> list[Section]:
+    """The held-out and reward tables these runs can fill, in the order report.md and the pages give them."""
+    out = []
+    comparison = before_after_table(jobs, labels)
+    if not comparison.empty:
+        splits = sorted(set(comparison["split"]))
+        named = f"{splits[0]} split" if len(splits) == 1 else f"splits: {', '.join(splits)}"
+        out.append(Section("before_after", f"Accuracy before and after training ({named})",
+                           "Greedy accuracy of the starting model (`before model`: the base model, or the earlier "
+                           "stage's for `start`) and the trained one on the same held-out problems of the split "
+                           "named in `split` (before_after.json); the difference is paired, with McNemar's exact p.",
+                           comparison))
+    seeds = seed_table(df, seed_labels)
+    if seeds is not None:
+        # the one line on mixed splits stands at the top of the report or page (report.split_note)
+        out.append(Section("seeds", "Each variant over seeds",
+                           "Held-out accuracy (`eval_<set>_accuracy`, on the split in `split`) and its difference "
+                           "from the base model on the same problems (`eval_<set>_diff`) over the variant's seeds "
+                           "(`seeds`: n; each seed draws its own held-out problems): mean, min..max, the 95% t "
+                           "interval of the mean over the n seeds (n - 1 degrees of freedom) and the 95% interval "
+                           "of all its seeds' problems pooled (Wilson; paired for the difference). Ranked on the "
+                           "validation split only.", seed_summary.display(seeds)))
+    fifths = fifths_table(df, labels)
+    if not fifths.empty:
+        out.append(Section("reward_fifths", "Training reward by fifths of the run",
+                           "Mean of history.jsonl's `reward` (training prompts, sampled completions) over each fifth "
+                           "of the run's steps (step s of N in fifth ceil(5 s / N)) and over the whole run.", fifths))
+    periodic = periodic_table(jobs, labels)
+    if not periodic.empty:
+        out.append(Section("validation_accuracy", "Validation accuracy during training (validation split)",
+                           "Greedy accuracy every `eval.every_steps` on the first `eval.every_limit` (`n`) problems of "
+                           "the validation split (`eval/<set>/accuracy` in history.jsonl); `base (n)`: the starting "
+                           "model's accuracy on the job's before_after.json validation problems (n of them; the "
+                           "periodic evaluations score the first `n` of these), where the job scored that split.",
+                           periodic))
+    return out

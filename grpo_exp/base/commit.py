@@ -1,0 +1,24 @@
+"""The code's git commit, so that a run's files and a results page say which code made them."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def code_commit(repo: Path = REPO) -> str | None:
+    """`git rev-parse --short HEAD` of the code's repository, marked when tracked files differ from it;
+    None outside a git checkout (an installed wheel)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += " (with uncommitted changes)"
+    return commit
