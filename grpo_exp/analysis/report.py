@@ -1,7 +1,7 @@
 """Sweep reports: one row per Hydra job, joining its overrides (`.hydra/overrides.yaml`) with what
 it measured (metrics.json, eval.json, curriculum.json, history.jsonl).
 
-`python scripts/report.py <multirun dir or run dirs...> [--out DIR]` writes report.md, report.csv
+`grpo-report <multirun dir or run dirs...> [--out DIR]` writes report.md, report.csv
 and PNG plots (throughput and memory vs threads and batch size, reward curves, curriculum accuracy
 heatmaps, fp32 vs int8) into the first given directory or --out, and prints the main table.
 Jobs that failed (status.json says so, or no metrics were written) are rows with their error.

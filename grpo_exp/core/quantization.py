@@ -9,7 +9,7 @@ SmolLM2-135M, batch 8, 16 forced greedy tokens, 3 interleaved runs): fp32 31-38 
 `quantize_dynamic` 51-63 tok/s (~1.6x), torchao 0.18 `Int8DynamicActivationInt8WeightConfig`
 0.8-0.9 tok/s (~40x slower than fp32: without AVX512-VNNI/AMX its int8 matmul takes a slow
 fallback path). torchao would also be an extra dependency, so it is not one. On 50 basic problems
-(scripts/compare.py --int8, 1 thread): decode speed x1.46, size in memory 513 -> 209 MB (x0.41),
+(grpo-compare --int8, 1 thread): decode speed x1.46, size in memory 513 -> 209 MB (x0.41),
 accuracy 0.20 -> 0.12 (paired McNemar p=0.34). Per-channel weight scales measured no better (0.10).
 
 The LM head stays fp32. SmolLM2 ties `lm_head.weight` to `embed_tokens.weight`; the embedding lookup

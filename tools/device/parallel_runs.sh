@@ -3,7 +3,7 @@
 # CPU thread, all sharing the GPU (through MPS where it starts), then one report over the run directories.
 # This is how docs/log.md, "2026-11-28 — a decaying learning rate" screened the learning-rate levers on an H100.
 #
-#   SEEDS="42 1 2 3" LIMIT=470 bash scripts/device/parallel_runs.sh \
+#   SEEDS="42 1 2 3" LIMIT=470 bash tools/device/parallel_runs.sh \
 #       linear="" constant="ablation=lr_constant" beta0.1="ablation=lr_constant train.beta=0.1"
 #
 # Each argument is NAME="<space-separated Hydra overrides>" (an empty string is the default recipe).
