@@ -291,8 +291,9 @@ def span_for(rows: int, weights: list[torch.Tensor], library_of) -> int | None:
     oneDNN's for bf16, MKL's for fp32) bit for bit for `rows` rows, or None (a warning says so): found once per
     shape, on random weights and rows whose magnitudes span 2^-4..2^4, enough of them that another order of the
     terms shows. Not on the layer's own weights: weights all zero (a fresh LoRA B, say) or too even would let any
-    order pass, and the span found is kept for the shape."""
-    key = (rows, weights[0].dtype, tuple(tuple(w.shape) for w in weights))
+    order pass, and the span found is kept for the shape and the thread count (the library may split its sums
+    otherwise under another count, and a sweep over cpu.threads runs in one process)."""
+    key = (rows, weights[0].dtype, tuple(tuple(w.shape) for w in weights), torch.get_num_threads())
     if key not in _SPANS:
         _SPANS[key] = _find_span(rows, weights, library_of)
     return _SPANS[key]
