@@ -36,7 +36,7 @@ def train_briefly(cfg):
     cpu.apply(cfg.cpu)
     try:
         funcs, weights = rewards.build(list(cfg.reward.funcs), list(cfg.reward.weights))
-        dataset = data.to_dataset(data.build_examples("basic", "train", num_train=16, num_test=8, seed=0), "")
+        dataset = data.to_dataset(data.build_examples("basic", "train", size=16, seed=0), "")
         model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         parts = StageParts(model, tokenizer, [], dataset, funcs, weights, None, None, None)
