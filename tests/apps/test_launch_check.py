@@ -8,12 +8,19 @@ a real run through App.launch, and an app with a login driven through gradio_cli
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import shutil
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from grpo_exp.apps import launch_check
 from grpo_exp.apps.launch_check import LaunchRefused, check, check_items
@@ -85,8 +92,6 @@ def app(tmp_path, monkeypatch):
     made = App(outputs)
     made.launcher.cwd = ROOT
     yield made
-    import shutil
-
     shutil.rmtree(made.report_dir, ignore_errors=True)
 
 
@@ -116,6 +121,12 @@ def test_launch_refuses_what_the_form_does_not_offer(app, tmp_path, text, why):
 def test_an_unclosed_quote_is_refused(app, tmp_path):
     assert app.launch("reward.system_prompt='no end") == ("refused: the overrides cannot be split into words "
                                                           "(No closing quotation): close the quote")
+    assert_nothing_happened(app, tmp_path)
+
+
+def test_a_refusal_stays_on_one_line_whatever_the_value_holds(app, tmp_path):
+    answer = app.launch("'model.name=a\nb'")
+    assert answer.startswith("refused: 'model.name=a\\nb': ") and "\n" not in answer, answer
     assert_nothing_happened(app, tmp_path)
 
 
@@ -197,9 +208,16 @@ def test_launch_starts_a_valid_list_and_one_run_at_a_time(tmp_path):
     answer = app.launch(VALID)
     run_dir = Path(answer)
     assert run_dir.parent == outputs / "train" / "runs", answer
-    second = app.launch(VALID)
-    assert second.startswith("refused: a run is still going (pid ") and "\n" not in second
-    assert app.launcher.current.process.wait(RUN_S) == 0, (outputs / ".app" / f"{run_dir.name}.log").read_text()
+    process = app.launcher.current.process
+    try:
+        second = app.launch(VALID)
+        assert second.startswith("refused: a run is still going (pid ") and "\n" not in second
+        assert process.wait(RUN_S) == 0, (outputs / ".app" / f"{run_dir.name}.log").read_text()
+    finally:
+        if process.poll() is None:  # its own session: nothing else ends it
+            process.kill()
+            process.wait(30)
+        shutil.rmtree(app.report_dir, ignore_errors=True)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
     assert list((outputs / "train" / "runs").iterdir()) == [run_dir]
 
@@ -207,7 +225,8 @@ def test_launch_starts_a_valid_list_and_one_run_at_a_time(tmp_path):
 @pytest.mark.slow
 def test_the_launch_api_behind_a_login(tmp_path):
     """gradio_client against a running app with a login: without it no call gets through; with it every hostile
-    list gets its one line and starts nothing, and a valid list starts a run and returns its directory."""
+    list gets its one line and starts nothing, and a valid list starts a run (Hydra writes its config into the
+    directory returned), which the test then ends: the run to its end is the slow test above."""
     pytest.importorskip("gradio_client", reason="the app extra (pip install -e '.[app]') brings gradio_client")
     from gradio_client import Client
 
@@ -218,8 +237,11 @@ def test_the_launch_api_behind_a_login(tmp_path):
     port = free_port()
     server = start_app(outputs, port, tmp_path / "tmp", env={"GRPO_APP_AUTH": "alice:s3cret"})
     url = f"http://127.0.0.1:{port}/"
+    said: list[str] = []  # the app's log, read on while the test runs: it names the pid of the run it starts
+    pid = None
     try:
         wait_for_url(server, url)
+        threading.Thread(target=lambda: said.extend(iter(server.stdout.readline, "")), daemon=True).start()
         with pytest.raises(Exception, match="credentials were not provided"):
             Client(url, verbose=False).predict("model=tiny_random", api_name="/launch")
         with pytest.raises(Exception, match="Could not login"):
@@ -232,13 +254,15 @@ def test_the_launch_api_behind_a_login(tmp_path):
         assert not (outputs / "train").exists()
         run_dir = Path(client.predict(VALID, api_name="/launch"))
         assert run_dir.parent == outputs / "train" / "runs"
-        assert _wait_for_end(run_dir, RUN_S)["status"] == "completed"
+        deadline = time.time() + RUN_S
+        while time.time() < deadline and (pid is None or not (run_dir / ".hydra" / "config.yaml").is_file()):
+            pid = next((int(m.group(1)) for line in said if (m := re.search(r"started pid (\d+)", line))), None)
+            time.sleep(0.5)
+        assert pid is not None, said
+        assert yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["model"]["name"] == "tiny_random"
     finally:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # its own session: ending the app does not end it
         server.terminate()
         server.wait(30)
-
-
-def test_a_refusal_stays_on_one_line_whatever_the_value_holds(app, tmp_path):
-    answer = app.launch("'model.name=a\nb'")
-    assert answer.startswith("refused: 'model.name=a\\nb': ") and "\n" not in answer, answer
-    assert_nothing_happened(app, tmp_path)
