@@ -21,6 +21,7 @@ child gets an argument list, never a shell line: `;` or `$(...)` in a value are 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import shlex
 import threading
@@ -65,6 +66,7 @@ def split(text: str) -> list[str]:
         raise LaunchRefused(f"the overrides cannot be split into words ({err}): close the quote") from None
 
 
+@functools.cache  # the schema is fixed once imported; the preview checks the form on every change
 def schema_keys(root: type | None = None) -> dict[str, Any]:
     """Every leaf key of the schema (dotted) with its type; sections (model, train, ...) are not leaves."""
     from grpo_exp.config import schema
@@ -208,10 +210,8 @@ def _check_item(item: str, outputs: Path, cwd: Path) -> None:
     if (CONF_DIR / key).is_dir():
         raise LaunchRefused(f"the group {key} is not offered by the app (sweeps and the rest go on the command "
                             f"line); its groups: {', '.join(LAUNCH_GROUPS)}")
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
-        parsed = OverridesParser.create().parse_override(item)
+        parsed = _parser().parse_override(item)
     except Exception as err:  # Hydra's grammar: `;` or an unbalanced bracket in a value
         raise LaunchRefused(f"Hydra cannot read it ({error_line(err).split(': ', 1)[-1]}); quote a value "
                             f"with such characters as key='value'") from None
@@ -224,6 +224,13 @@ def _check_item(item: str, outputs: Path, cwd: Path) -> None:
     if parsed.is_sweep_override():
         raise LaunchRefused("a sweep runs several runs; the app runs one (sweeps go on the command line with -m)")
     _check_value(key, parsed.value(), outputs, cwd)
+
+
+@functools.cache
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
 
 
 def check_items(items: list[str], outputs: Path, cwd: Path) -> None:

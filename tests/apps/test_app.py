@@ -56,6 +56,7 @@ def wait_for_url(server: subprocess.Popen, url: str) -> None:
 
 # ---------------------------------------------------------------- without a browser
 
+@pytest.mark.slow
 def test_a_port_in_use_is_one_line(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -242,6 +243,7 @@ def app(tmp_path_factory):
         server.wait(30)
 
 
+@pytest.mark.slow
 def test_an_empty_outputs_folder_says_so(app, tmp_path):
     page, outputs, empty, base = app
     empty = {tab: " ".join(text.split()) for tab, text in empty.items()}  # a code span renders on its own line
@@ -346,6 +348,7 @@ def launched(app):
     return runs[0]
 
 
+@pytest.mark.slow
 def test_launch_starts_the_run_with_every_control(app, launched, tmp_path):
     page, _, _, _ = app
     page.tab("Launch")
@@ -369,6 +372,7 @@ def test_launch_starts_the_run_with_every_control(app, launched, tmp_path):
     page.shot(tmp_path / "launch.png")
 
 
+@pytest.mark.slow
 def test_runs_tab_shows_the_run(app, launched, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -387,6 +391,7 @@ def test_runs_tab_shows_the_run(app, launched, tmp_path):
     page.shot(tmp_path / "runs.png")
 
 
+@pytest.mark.slow
 def test_completions_tab_filters_by_step_and_reward(app, launched, tmp_path):
     page, _, _, _ = app
     page.tab("Completions")
@@ -405,6 +410,7 @@ def test_completions_tab_filters_by_step_and_reward(app, launched, tmp_path):
     page.shot(tmp_path / "completions.png")
 
 
+@pytest.mark.slow
 def test_playground_answers_with_base_and_trained_model(app, launched, tmp_path):
     page, _, _, _ = app
     page.tab("Playground")
@@ -424,6 +430,7 @@ def test_playground_answers_with_base_and_trained_model(app, launched, tmp_path)
     page.shot(tmp_path / "playground.png")
 
 
+@pytest.mark.slow
 def test_stop_button_checkpoints_the_run(app, launched, tmp_path):
     page, outputs, _, _ = app
     fill_launch(page, {"debug": "smoke", "logger": "none"}, {"train.max_steps": 500})
@@ -442,6 +449,7 @@ def test_stop_button_checkpoints_the_run(app, launched, tmp_path):
     page.shot(tmp_path / "launch_stopped.png")
 
 
+@pytest.mark.slow
 def test_a_failed_run_shows_its_error(app, launched, tmp_path):
     page, outputs, _, _ = app
     # a run that fails once started: a "model" directory whose weights do not load -> error.txt (under the
