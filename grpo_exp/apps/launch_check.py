@@ -215,6 +215,8 @@ def _check_item(item: str, outputs: Path, cwd: Path) -> None:
     except Exception as err:  # Hydra's grammar: `;` or an unbalanced bracket in a value
         raise LaunchRefused(f"Hydra cannot read it ({error_line(err).split(': ', 1)[-1]}); quote a value "
                             f"with such characters as key='value'") from None
+    if parsed.key_or_group != key or parsed.package:  # what was checked must be what Hydra sets
+        raise LaunchRefused(f"Hydra reads its key as '{parsed.key_or_group}'; write the key alone, as key=value")
     why = _not_offered(key)
     if why:
         raise LaunchRefused(why)
