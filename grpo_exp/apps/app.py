@@ -1,21 +1,26 @@
-"""`python -m grpo_exp.app [--host H] [--port P] [--outputs DIR]`: a local web app (Gradio) to launch,
-watch and compare runs.
+"""`python -m grpo_exp.app [--host H] [--port P] [--outputs DIR] [--auth USER:PASSWORD]`: a local web app
+(Gradio) to launch, watch and compare runs.
 
 Tabs:
 - Launch: every config group and a few train options, from conf/ itself; starts `python -m grpo_exp.train`
   with exactly those overrides (the command is shown), streams its progress and log, and stops it with
-  SIGTERM, which makes the trainer finish its step and save a checkpoint.
+  SIGTERM, which makes the trainer finish its step and save a checkpoint. Only what the form offers runs
+  (apps/launch_check.py: an allowlist, then the composed config's validation); the same check guards the
+  `/launch` API endpoint, which takes the override list as text and returns the run directory or the refusal.
 - Runs: the runs and sweeps under the outputs folder: metrics table, reward and held-out accuracy curves,
   the curriculum matrix, and the report's plots (grpo_exp.analysis.report).
 - Completions: a run's completions.jsonl with rewards and advantages, filtered by step and reward.
 - Playground: one question answered by the run's base model and its trained model, side by side.
 
-Binds 127.0.0.1 unless --host says otherwise: whoever reaches the page can start processes.
+Whoever reaches the page can start processes as the app's user. It binds 127.0.0.1 unless --host says
+otherwise, and 127.0.0.1 is shared with every user of the machine; --auth (or GRPO_APP_AUTH) sets a login,
+without which another --host is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import shlex
 import shutil
@@ -30,14 +35,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from grpo_exp.apps import launch_check
+from grpo_exp.apps.launch_check import LAUNCH_GROUPS, LaunchRefused, compose_train
 from grpo_exp.base import log
 
 logger = log.get_logger(__name__)
 
 DEFAULT_PORT = 7870  # not 7860: `trackio show` takes that one
 EXIT_BAD_INPUT = 2
-# The config groups the Launch tab offers, in the order shown (experiment/ablation are sweeps: command line)
-LAUNCH_GROUPS = ["model", "stage", "reward", "quantization", "peft", "cpu", "logger", "train", "curriculum", "debug"]
+AUTH_ENV = "GRPO_APP_AUTH"  # USER:PASSWORD, as --auth (an environment variable stays out of `ps`)
+REFUSED = "refused: "  # how a refusal starts, in the Launch tab and the /launch API
 NO_OPTION = "(none)"  # an optional group (debug) left out
 # (key, label, int or float): train options shown as numbers, prefilled from the composed config
 LAUNCH_NUMBERS = [
@@ -65,7 +72,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--outputs", default="outputs", help="the folder of runs to browse, where launched runs go "
                                                              "(default: outputs)")
+    parser.add_argument("--auth", default=None, metavar="USER:PASSWORD",
+                        help=f"a login for the page and the API (default: ${AUTH_ENV}, else none); needed for any "
+                             f"--host but 127.0.0.1 (which every user of this machine reaches)")
     return parser.parse_args(argv)
+
+
+def parse_auth(text: str | None) -> tuple[str, str] | None:
+    """(user, password) from USER:PASSWORD (the password may hold ':'), None for no login."""
+    if not text:
+        return None
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise ValueError(f"--auth (or {AUTH_ENV}) must be USER:PASSWORD with both parts non-empty")
+    return user, password
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -80,6 +109,15 @@ def port_in_use(host: str, port: int) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        auth = parse_auth(args.auth if args.auth is not None else os.environ.get(AUTH_ENV))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if auth is None and not is_loopback(args.host):
+        print(f"error: --host {args.host} lets other machines start processes as this user; set a login with "
+              f"--auth USER:PASSWORD (or {AUTH_ENV}), or bind 127.0.0.1", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if not 0 < args.port < 65536:
         print(f"error: --port {args.port} is not a port number (1-65535)", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -104,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.queue(default_concurrency_limit=4)
     demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True, ssr_mode=False,
                 show_error=True, allowed_paths=[str(outputs), str(app.report_dir)], theme=_theme(),
-                footer_links=[])
+                footer_links=[], auth=auth)
     url = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}/"
     print(f"grpo-exp app: {url}  (outputs: {outputs}; Ctrl-C to quit)", flush=True)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning("bound to %s: anyone who reaches this address can start training runs", args.host)
+    if auth is None:
+        logger.info("no login (--auth): every user of this machine can reach %s and start runs", url)
     try:
         demo.block_thread()
     except KeyboardInterrupt:
@@ -164,11 +202,14 @@ class Launcher:
         # Hydra's own layout (conf/hydra/default.yaml), under the app's outputs folder
         return self.outputs / "train" / "runs" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
 
-    def start(self, overrides: list[str], total_steps: int | None) -> Launch:
+    def start(self, overrides: list[str]) -> Launch:
+        """Start a run with these overrides once they pass the app's check (launch_check: the allowlist, then
+        the composed config's validation); LaunchRefused, with nothing started or written, otherwise."""
+        cfg = launch_check.check(overrides, self.outputs, self.cwd)
         with self.lock:
             if self.current is not None and self.current.process.poll() is None:
-                raise RuntimeError(f"a run is still going (pid {self.current.process.pid}, {self.current.run_dir}); "
-                                   f"stop it first")
+                raise LaunchRefused(f"a run is still going (pid {self.current.process.pid}, {self.current.run_dir}); "
+                                    f"stop it first")
             run_dir = self.new_run_dir()
             # The log lives beside the runs, not in the run directory: a run refused for bad input must leave
             # no run directory behind, and the app must not write into one Hydra is about to create.
@@ -177,11 +218,12 @@ class Launcher:
             log_path = log_dir / f"{run_dir.name}.log"
             args = [*overrides, f"hydra.run.dir={run_dir}"]
             with log_path.open("wb") as out:
-                # its own session: Ctrl-C in the app's terminal must not stop the run without its checkpoint
+                # an argument list, no shell: `;` or `$(...)` in an override are characters of its value. Its own
+                # session: Ctrl-C in the app's terminal must not stop the run without its checkpoint
                 process = subprocess.Popen([sys.executable, "-m", "grpo_exp.train", *args], cwd=self.cwd, stdout=out,
                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-            self.current = Launch(args, run_dir, log_path, process, total_steps)
+            self.current = Launch(args, run_dir, log_path, process, total_steps(cfg))
             logger.info("started pid %d: %s", process.pid, display_command(args))
             return self.current
 
@@ -300,21 +342,6 @@ def launch_state(launch: Launch | None) -> dict:
 
 # ---------------------------------------------------------------- the Launch form
 
-def compose_train(overrides: list[str]):
-    """conf/train.yaml with overrides, as `python -m grpo_exp.train` composes it (one caller at a time:
-    Hydra's global state is not thread-safe)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from grpo_exp.config.compose import compose
-
-    with _COMPOSE_LOCK:
-        GlobalHydra.instance().clear()
-        return compose("train", overrides)
-
-
-_COMPOSE_LOCK = threading.Lock()
-
-
 def group_overrides(choices: dict[str, str]) -> list[str]:
     return [f"{g}={v}" for g, v in choices.items() if v and v != NO_OPTION]
 
@@ -343,7 +370,8 @@ def form_values(choices: dict[str, str]) -> dict[str, object]:
 
 
 def build_overrides(choices: dict[str, str], numbers: dict[str, object], after_train: bool, extra: str) -> list[str]:
-    """Every control of the form as one override each, then the extra ones: exactly what the run gets."""
+    """Every control of the form as one override each, then the extra ones: exactly what the run gets, once
+    launch_check passes them. LaunchRefused for a box that cannot be split into words (an unclosed quote)."""
     overrides = group_overrides(choices)
     kinds = {key: kind for key, _, kind in LAUNCH_NUMBERS}
     for key, value in numbers.items():
@@ -352,21 +380,11 @@ def build_overrides(choices: dict[str, str], numbers: dict[str, object], after_t
         elif value is not None:
             overrides.append(f"{key}={format_value(value, kinds[key])}")
     overrides.append(f"{AFTER_TRAIN}={'true' if after_train else 'false'}")
-    for item in shlex.split(extra or ""):
-        if item in ("-m", "--multirun") or item.startswith("hydra.run.dir") or item.startswith("hydra.sweep"):
-            raise ValueError(f"'{item}' is not for the app: it runs one run in its own directory; sweeps go on the "
-                             f"command line (python -m grpo_exp.train -m ...)")
-        if "=" not in item:
-            raise ValueError(f"'{item}' is not an override of the form key=value")
-        overrides.append(item)
-    return overrides
+    return overrides + launch_check.split(extra)
 
 
-def total_steps(overrides: list[str]) -> int | None:
-    try:
-        cfg = compose_train(overrides)
-    except Exception:
-        return None  # the run itself will say what is wrong, in one line
+def total_steps(cfg) -> int:
+    """Optimizer steps of the whole run (each curriculum stage trains train.max_steps)."""
     stages = list(cfg.curriculum.stages or []) or [None]
     return int(cfg.train.max_steps) * len(stages)
 
@@ -385,7 +403,27 @@ class App:
         # the report's PNGs are written here, not into the runs (browsing must not change them)
         self.report_dir = Path(tempfile.mkdtemp(prefix="grpo-app-reports-"))
 
+    # -- starting a run
+
+    def launch(self, overrides: str) -> str:
+        """The run directory of a run started with these overrides (text, split as a shell splits words, run
+        without one), or "refused: <why>" in one line with nothing started: the /launch API and the Launch button."""
+        try:
+            launch = self.launcher.start(launch_check.split(overrides))
+        except LaunchRefused as err:
+            line = str(err).replace("\r", "\\r").replace("\n", "\\n")  # a quoted value may hold a line break
+            logger.warning("launch refused: %s", line)
+            return f"{REFUSED}{line}"
+        return str(launch.run_dir)
+
     # -- helpers reading the outputs folder
+
+    def ours(self, path) -> str | None:
+        """`path` if it lies under the outputs folder, else None: a dropdown's value comes from the browser, which
+        may send any path (symlinks under the folder are the user's own, so they are not followed here)."""
+        if not path:
+            return None
+        return str(path) if Path(os.path.abspath(path)).is_relative_to(self.outputs) else None
 
     def run_choices(self, where: str = "runs") -> list[tuple[str, str]]:
         """(label, path) for a dropdown, newest first: runs and sweeps ("runs"), directories with
@@ -484,9 +522,11 @@ class App:
 
         def show_command(*args):
             try:
-                return display_command(build_overrides(*read_form(args)))
-            except ValueError as err:
-                return f"# {err}"
+                overrides = build_overrides(*read_form(args))
+                launch_check.check_items(overrides, self.outputs, self.launcher.cwd)  # the quick part of the check
+            except (ValueError, TypeError) as err:
+                return f"# {REFUSED}{err}"
+            return display_command(overrides)
 
         def refill(*choices):
             """Numbers as the chosen groups set them (a stage sets its completion length, debug=smoke its steps)."""
@@ -517,13 +557,20 @@ class App:
         def do_start(*args):
             try:
                 overrides = build_overrides(*read_form(args))
-            except (ValueError, TypeError) as err:
-                return f"Not started: {err}", display_command([])
-            try:
-                launch = self.launcher.start(overrides, total_steps(overrides))
-            except RuntimeError as err:
-                return f"Not started: {err}", gr.update()
-            return f"Started pid {launch.process.pid}.", display_command(launch.overrides)
+            except (ValueError, TypeError) as err:  # an unclosed quote in the box, a number field emptied
+                return verbatim(f"{REFUSED}{err}"), gr.update()
+            answer = self.launch(shlex.join(overrides))  # the /launch API's own function and check
+            if answer.startswith(REFUSED):
+                return verbatim(answer), gr.update()
+            return f"Started: {verbatim(answer)}", display_command([*overrides, f"hydra.run.dir={answer}"])
+
+        def launch(overrides: str) -> str:
+            """Start `python -m grpo_exp.train` with these overrides (as typed in the Launch tab's box, e.g.
+            "model=tiny_random debug=smoke"), checked as the Launch button's are; returns the run's directory,
+            or one line starting "refused: " with nothing started."""
+            return self.launch(overrides)
+
+        gr.api(launch, api_name="launch")
 
         def do_stop():
             return self.launcher.stop()
@@ -578,6 +625,7 @@ class App:
                     gr.update(choices=choices, value=choices[0][1]))
 
         def show(path):
+            path = self.ours(path)
             empty = ("", None, None, None, gr.update(visible=False), gr.update(visible=False), [])
             if not path:
                 return empty
@@ -643,12 +691,14 @@ class App:
             return gr.update(choices=choices, value=choices[0][1]), gr.update()
 
         def steps_of(path):
+            path = self.ours(path)
             if not path:
                 return gr.update(choices=["all"], value="all")
             df = runs.read_completions(path)
             return gr.update(choices=["all", *[str(s) for s in sorted(df["step"].dropna().unique())]], value="all")
 
         def show(path, step_choice, min_reward, max_reward):
+            path = self.ours(path)
             if not path:
                 return f"**No completions under `{self.outputs}` yet** (a run writes completions.jsonl as it trains).", None
             try:
@@ -713,6 +763,7 @@ class App:
             return gr.update(choices=choices, value=choices[0][1]), ""
 
         def held_out(path):
+            path = self.ours(path)
             if not path:
                 return gr.update(), gr.update(), "Pick a trained run first."
             try:
@@ -728,6 +779,7 @@ class App:
             return f"parsed answer: **{parsed}** ({mark}); {answer.tokens} tokens, {answer.seconds:.1f} s"
 
         def answer_both(path, q, exp, dec, temp, sd, max_new):
+            path = self.ours(path)
             blank = [gr.update()] * 6
             if not path:
                 return ["**Pick a trained run** (one with model/)."] + blank
@@ -747,6 +799,12 @@ class App:
         ask.click(answer_both, [pick, question, expected, decoding, temperature, seed, max_tokens],
                   [notice, base_title, base_text, base_verdict, run_title, run_text, run_verdict])
         return {"fn": list_models, "inputs": None, "outputs": [pick, notice]}
+
+
+def verbatim(text: str) -> str:
+    """`text` as Markdown shows it letter for letter (a code span): a refusal quotes overrides such as
+    `+hydra.callbacks.x._target_=...`, whose underscores Markdown would read as emphasis."""
+    return f"`` {text} ``"
 
 
 def rounded(df):

@@ -3,6 +3,7 @@ groups, run once at each entry before any model loads. Each failure is a one-lin
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -32,16 +33,29 @@ def validate(cfg: Any) -> None:
                           f"stage.num_{ev.split}")
 
 
+def init_chain(init_from: str | None):
+    """(init_from as recorded, its run's config) for each run the model descends from: init_from, the run its
+    recorded config continued from, and so on (a run that is not a recorded run ends the chain)."""
+    seen: set[Path] = set()
+    while init_from:
+        found = run_config(init_from)
+        if found is None or found[1].resolve() in seen:  # a bare model directory, or a loop of copied configs
+            return
+        seen.add(found[1].resolve())
+        yield str(init_from), found[0]
+        init_from = OmegaConf.select(found[0], "init_from", throw_on_resolution_failure=False)
+
+
 def _check_init_split(cfg: Any) -> None:
     """An earlier stage scored here must be scored on the split its own run held out: the split is drawn
     with the data seed (train.seed), so under another seed its 'held-out' problems include ones that run
-    trained on."""
-    found = run_config(cfg.get("init_from"))
-    if found is None:
-        return  # no init_from, or a bare model directory: no recorded split to protect
-    seed, stage = OmegaConf.select(found[0], "train.seed"), OmegaConf.select(found[0], "stage.name")
+    trained on. Every run up the init_from chain trained a stage, so each is checked, not only the last."""
     scored = set(cfg.eval.sets) | set(cfg.eval.forgetting_sets)
-    if seed is not None and stage in scored and int(seed) != int(cfg.train.seed):
-        raise ConfigError(f"init_from={cfg.init_from} trained {stage} with train.seed={seed}, but this run scores {stage} with "
-                          f"train.seed={cfg.train.seed}, whose held-out split includes problems that run trained on; "
-                          f"set train.seed={seed} or drop {stage} from eval.sets/eval.forgetting_sets")
+    for run, recorded in init_chain(cfg.get("init_from")):
+        seed, stage = OmegaConf.select(recorded, "train.seed"), OmegaConf.select(recorded, "stage.name")
+        if seed is None or stage not in scored or int(seed) == int(cfg.train.seed):
+            continue
+        which = "" if run == str(cfg.init_from) else f" continues {run}, which"
+        raise ConfigError(f"init_from={cfg.init_from}{which} trained {stage} with train.seed={seed}, but this run scores "
+                          f"{stage} with train.seed={cfg.train.seed}, whose held-out split includes problems that run "
+                          f"trained on; set train.seed={seed} or drop {stage} from eval.sets/eval.forgetting_sets")

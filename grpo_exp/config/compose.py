@@ -130,14 +130,27 @@ def _valid_keys(config_name: str, key: str) -> str:
     return f"; valid keys{where}: {', '.join(keys)}" if keys else ""
 
 
+def compose_error(config_name: str, overrides: list[str], err: Exception) -> str:
+    """One line for a failed composition: the unknown key with the valid ones beside it, or Hydra's chain of
+    causes, first lines only."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = err.__cause__ or err
+    # the longest key the error names: `train=default train.max_stepz=3` is about train.max_stepz
+    named = [a for a in overrides if a.split("=", 1)[0].lstrip("+~") in str(err)]
+    bad = max(named, key=lambda a: len(a.split("=", 1)[0]), default=None)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and bad:
+        key = bad.split("=", 1)[0].lstrip("+~")
+        return f"unknown config key '{key}'{_valid_keys(config_name, key)}"
+    return error_line(err, chain=True)
+
+
 def check_overrides(config_name: str, args: list[str], validate: Callable | None = None) -> None:
     """Compose once with the user's overrides so type, key and value errors surface as one line.
 
     `validate(cfg)` runs the semantic checks on the composed config, still before any model loads
     and before Hydra creates a run directory.
     """
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
     multirun = any(a in ("-m", "--multirun") for a in args)
     check_group_choices(args, multirun)
     check_launcher(args)
@@ -147,14 +160,7 @@ def check_overrides(config_name: str, args: list[str], validate: Callable | None
     try:
         cfg = compose(config_name, overrides)
     except Exception as err:
-        cause = err.__cause__ or err
-        # the longest key the error names: `train=default train.max_stepz=3` is about train.max_stepz
-        named = [a for a in overrides if a.split("=", 1)[0].lstrip("+~") in str(err)]
-        bad = max(named, key=lambda a: len(a.split("=", 1)[0]), default=None)
-        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and bad:
-            key = bad.split("=", 1)[0].lstrip("+~")
-            raise ConfigError(f"unknown config key '{key}'{_valid_keys(config_name, key)}") from None
-        raise ConfigError(error_line(err, chain=True)) from None
+        raise ConfigError(compose_error(config_name, overrides, err)) from None
     if "cpu" in cfg:
         from grpo_exp.base import cpu
 

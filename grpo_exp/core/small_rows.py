@@ -3,7 +3,7 @@ and computes what oneDNN's packed product computes, bit for bit.
 
 Why: at 16 rows, oneDNN's packed bf16 product of the default model's layers took about 20 ms per decoding step with
 the weights streamed from memory, against about 15 ms for this kernel (a one-off chain of the model's 121 products,
-2 cores, native bf16 (avx512_bf16/amx; lscpu: avx512_bf16, no amx_bf16); README, Performance). And it needs no
+2 cores, native bf16 (avx512_bf16/amx; lscpu: avx512_bf16, no amx_bf16); docs/performance.md, "Packed weights and small-row products"). And it needs no
 packed copy of the weights: oneDNN's took about as much memory as the bf16 copy itself.
 
 The kernel puts rows in the vector lanes: 16 rows' (k, k + 1) pairs of x in one vector, each weight pair broadcast,
@@ -145,7 +145,7 @@ extern "C" BF16_TARGET void kernel(const at::BFloat16* x, const at::BFloat16* w,
 # rows a vector, each weight broadcast, one fused multiply-add chain per output over its inputs from 0. MKL's fp32
 # product (what torch computes there) sums a few rows' outputs the same way, per 192 inputs, each span's sum added to
 # those before (4-64 rows, the default model's shapes; AMD EPYC, AVX2 only, MKL 2024.2; measured here), and at 16
-# rows it reached about a quarter of the machine's fp32 GEMM peak (2 cores, AVX2 only; README, Performance). 1-3
+# rows it reached about a quarter of the machine's fp32 GEMM peak (2 cores, AVX2 only; docs/performance.md, "Packed weights and small-row products"). 1-3
 # rows take MKL's other path, whose order span_for finds no span for: MKL's product is kept there.
 F32_AVX2 = torch.backends.cpu.get_cpu_capability() == "AVX2"
 
@@ -291,8 +291,9 @@ def span_for(rows: int, weights: list[torch.Tensor], library_of) -> int | None:
     oneDNN's for bf16, MKL's for fp32) bit for bit for `rows` rows, or None (a warning says so): found once per
     shape, on random weights and rows whose magnitudes span 2^-4..2^4, enough of them that another order of the
     terms shows. Not on the layer's own weights: weights all zero (a fresh LoRA B, say) or too even would let any
-    order pass, and the span found is kept for the shape."""
-    key = (rows, weights[0].dtype, tuple(tuple(w.shape) for w in weights))
+    order pass, and the span found is kept for the shape and the thread count (the library may split its sums
+    otherwise under another count, and a sweep over cpu.threads runs in one process)."""
+    key = (rows, weights[0].dtype, tuple(tuple(w.shape) for w in weights), torch.get_num_threads())
     if key not in _SPANS:
         _SPANS[key] = _find_span(rows, weights, library_of)
     return _SPANS[key]

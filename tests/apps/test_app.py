@@ -4,7 +4,9 @@ through selenium and the system chromedriver; nothing is downloaded.
 One app serves the module, on a free port and an outputs folder that starts empty: the Runs tab must say
 so; a 1-step tiny_random run is then launched from the Launch tab with a non-default value in every
 control, and the Runs, Completions and Playground tabs are checked on it. Another run is stopped with the
-Stop button, and failing ones show their error. Each test saves a screenshot of its tab into its tmp dir.
+Stop button, and failing ones show their error; what the form does not offer (Hydra's settings, flags, paths
+outside the outputs folder, shell syntax) is refused with one line and starts nothing. Each test saves a
+screenshot of its tab into its tmp dir.
 Without Chromium the browser tests are skipped with one line saying how to install it."""
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import yaml
 
 from tests.conftest import ROOT
 
+# GRPO_APP_SCREENSHOTS=docs/app: each test's screenshot is copied there too (docs/app.md shows them)
+SCREENSHOTS_ENV = "GRPO_APP_SCREENSHOTS"
 APP_START_S = 90
 RUN_S = 180  # a 1-step tiny run, with the machine's other work beside it
 
@@ -33,16 +37,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_app(outputs: Path, port: int, tmp: Path) -> subprocess.Popen:
+def start_app(outputs: Path, port: int, tmp: Path, env: dict | None = None) -> subprocess.Popen:
     # TMPDIR: the app's report plots and Gradio's file cache stay in the test's tmp dir
     tmp.mkdir(exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "grpo_exp.app", "--port", str(port), "--outputs", str(outputs)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), **(env or {})})
+
+
+def wait_for_url(server: subprocess.Popen, url: str) -> None:
+    """Read the app's output until it prints its URL (it logs a line or two before)."""
+    deadline = time.time() + APP_START_S
+    first = ""
+    while time.time() < deadline and "grpo-exp app:" not in first:
+        first = server.stdout.readline()
+        if not first and server.poll() is not None:
+            pytest.fail(f"the app exited with {server.returncode}")
+    assert url in first, first
 
 
 # ---------------------------------------------------------------- without a browser
 
+@pytest.mark.slow
 def test_a_port_in_use_is_one_line(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -54,30 +70,39 @@ def test_a_port_in_use_is_one_line(tmp_path):
     assert proc.stderr.strip() == f"error: port {port} on 127.0.0.1 is already in use; choose another with --port"
 
 
-def test_launch_form_overrides_name_every_control():
+def test_launch_form_overrides_name_every_control(tmp_path):
     from grpo_exp.apps.app import build_overrides
+    from grpo_exp.apps.launch_check import LaunchRefused, check_items
 
     overrides = build_overrides({"model": "tiny_random", "debug": "(none)"},
                                 {"train.max_steps": 3, "train.learning_rate": 3e-5, "eval.every_steps": 0},
-                                False, "stage.num_train=40 +train.extra.max_grad_norm=0.5")
+                                False, "stage.num_train=40 ++train.max_grad_norm=0.5")
     assert overrides == ["model=tiny_random", "train.max_steps=3", "train.learning_rate=3e-05", "eval.every_steps=null",
-                         "eval.after_train=false", "stage.num_train=40", "+train.extra.max_grad_norm=0.5"]
-    with pytest.raises(ValueError, match="sweeps go on the command line"):
-        build_overrides({}, {}, True, "-m train.seed=1,2")
+                         "eval.after_train=false", "stage.num_train=40", "++train.max_grad_norm=0.5"]
+    check_items(overrides, tmp_path, ROOT)
+    with pytest.raises(LaunchRefused, match="sweeps and flags go on the command line"):
+        check_items(build_overrides({}, {}, True, "-m train.seed=1,2"), tmp_path, ROOT)
 
 
+@pytest.mark.slow
 def test_a_refused_run_shows_its_one_line(tmp_path):
-    """Bad input: the entrypoint exits 2 with one `error:` line and writes no run directory; the Launch tab
-    says so (the status line the browser shows)."""
+    """Bad input the app cannot see (a model folder without config.json): the entrypoint exits 2 with one
+    `error:` line and writes no run directory; the Launch tab says so (the status line the browser shows).
+    What the app can see is refused before any process starts."""
     from grpo_exp.apps.app import Launcher, launch_state
+    from grpo_exp.apps.launch_check import LaunchRefused
 
     launcher = Launcher(tmp_path)
-    launch = launcher.start(["debug=smoke", "logger=none", "train=default", "train.max_stepz=3"], None)
+    with pytest.raises(LaunchRefused, match="unknown config key 'train.max_stepz'; valid keys under train:"):
+        launcher.start(["debug=smoke", "logger=none", "train=default", "train.max_stepz=3"])
+    assert launcher.current is None and not (tmp_path / "train").exists()
+    (tmp_path / "no_model").mkdir()
+    launch = launcher.start(["debug=smoke", "logger=none", "model=custom", f"model.id={tmp_path / 'no_model'}"])
     launch.process.wait(120)
     state = launch_state(launch)
-    assert state["status"].startswith("**refused** (bad input, exit 2; nothing was written): unknown config key "
-                                      "'train.max_stepz'; valid keys under train:"), state
-    assert not launch.run_dir.exists() and state["error"].startswith("error: unknown config key")
+    assert state["status"].startswith(f"**refused** (bad input, exit 2; nothing was written): model.id="
+                                      f"{tmp_path / 'no_model'} is a directory without config.json"), state
+    assert not launch.run_dir.exists() and state["error"].startswith("error: model.id=")
 
 
 # ---------------------------------------------------------------- the browser
@@ -176,6 +201,10 @@ class Page:
         height = self.driver.execute_script("return document.body.scrollHeight")
         self.driver.set_window_size(1400, min(max(height, 900), 4000))
         self.driver.save_screenshot(str(path))
+        if os.environ.get(SCREENSHOTS_ENV):  # docs/app.md's pictures are these tests' own screenshots
+            folder = Path(os.environ[SCREENSHOTS_ENV])
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, folder / path.name)
         return path
 
 
@@ -195,13 +224,7 @@ def app(tmp_path_factory):
     port = free_port()
     server = start_app(outputs, port, base / "tmp")
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + APP_START_S
-    first = ""
-    while time.time() < deadline and "grpo-exp app:" not in first:
-        first = server.stdout.readline()
-        if not first and server.poll() is not None:
-            pytest.fail(f"the app exited with {server.returncode}")
-    assert url in first, first
+    wait_for_url(server, url)
 
     options = webdriver.ChromeOptions()
     options.binary_location = browser
@@ -226,6 +249,7 @@ def app(tmp_path_factory):
         server.wait(30)
 
 
+@pytest.mark.slow
 def test_an_empty_outputs_folder_says_so(app, tmp_path):
     page, outputs, empty, base = app
     empty = {tab: " ".join(text.split()) for tab, text in empty.items()}  # a code span renders on its own line
@@ -234,6 +258,29 @@ def test_an_empty_outputs_folder_says_so(app, tmp_path):
     assert f"No trained runs under {outputs} yet" in empty["playground"]
     assert not any("Traceback" in text or "Error" in text for text in empty.values())
     shutil.copy(base / "runs_empty.png", tmp_path / "runs_empty.png")
+
+
+@pytest.mark.slow
+def test_the_launch_tab_refuses_what_the_form_does_not_offer(app, tmp_path):
+    """Each hostile list typed into the overrides box: the command box says it is refused, Start answers with
+    the one line, and nothing starts: no run directory, no callback's folder, no file from the shell."""
+    from tests.apps.test_launch_check import hostile
+
+    page, outputs, _, _ = app
+    runs = outputs / "train" / "runs"
+    before = sorted(runs.iterdir()) if runs.is_dir() else []
+    page.tab("Launch")
+    for text, item, why in hostile(tmp_path):
+        page.type("launch-extra", text)
+        page.wait_text("launch-command", f"# refused: '{item}': ")
+        page.click("launch-start")
+        notice = page.wait_text("launch-notice", f"refused: '{item}': ")
+        assert notice.strip().startswith("refused: ") and why in notice and "\n" not in notice.strip(), notice
+    page.shot(tmp_path / "launch_refused.png")
+    page.type("launch-extra", "")
+    assert not (tmp_path / "pwned").exists() and not (ROOT / "x").exists()
+    assert (sorted(runs.iterdir()) if runs.is_dir() else []) == before
+    assert "running" not in page.text("launch-status")
 
 
 # Every control of the Launch tab set away from its default where a tiny run allows it.
@@ -307,6 +354,7 @@ def launched(app):
     return runs[0]
 
 
+@pytest.mark.slow
 def test_launch_starts_the_run_with_every_control(app, launched, tmp_path):
     page, _, _, _ = app
     page.tab("Launch")
@@ -330,6 +378,7 @@ def test_launch_starts_the_run_with_every_control(app, launched, tmp_path):
     page.shot(tmp_path / "launch.png")
 
 
+@pytest.mark.slow
 def test_runs_tab_shows_the_run(app, launched, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -348,6 +397,7 @@ def test_runs_tab_shows_the_run(app, launched, tmp_path):
     page.shot(tmp_path / "runs.png")
 
 
+@pytest.mark.slow
 def test_completions_tab_filters_by_step_and_reward(app, launched, tmp_path):
     page, _, _, _ = app
     page.tab("Completions")
@@ -366,6 +416,7 @@ def test_completions_tab_filters_by_step_and_reward(app, launched, tmp_path):
     page.shot(tmp_path / "completions.png")
 
 
+@pytest.mark.slow
 def test_playground_answers_with_base_and_trained_model(app, launched, tmp_path):
     page, _, _, _ = app
     page.tab("Playground")
@@ -385,6 +436,7 @@ def test_playground_answers_with_base_and_trained_model(app, launched, tmp_path)
     page.shot(tmp_path / "playground.png")
 
 
+@pytest.mark.slow
 def test_stop_button_checkpoints_the_run(app, launched, tmp_path):
     page, outputs, _, _ = app
     fill_launch(page, {"debug": "smoke", "logger": "none"}, {"train.max_steps": 500})
@@ -403,10 +455,12 @@ def test_stop_button_checkpoints_the_run(app, launched, tmp_path):
     page.shot(tmp_path / "launch_stopped.png")
 
 
+@pytest.mark.slow
 def test_a_failed_run_shows_its_error(app, launched, tmp_path):
-    page, _, _, _ = app
-    # a run that fails once started: a "model" directory whose weights do not load -> error.txt
-    broken = tmp_path / "broken_model"
+    page, outputs, _, _ = app
+    # a run that fails once started: a "model" directory whose weights do not load -> error.txt (under the
+    # outputs folder: the app reads no model from elsewhere)
+    broken = outputs / "broken_model"
     broken.mkdir()
     (broken / "config.json").write_text("{}")
     fill_launch(page, {"debug": "smoke", "model": "custom", "logger": "none"}, {"train.max_steps": 1},

@@ -95,3 +95,41 @@ def test_an_earlier_stage_is_scored_on_its_own_runs_split(tmp_path):
                               "train.seed=7"], tmp_path))
     validate(compose_cfg([*args, "train.seed=42"], tmp_path))
     validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={earlier}", "train.seed=1"], tmp_path))
+
+
+def _recorded_run(path, stage: str, seed: int, init_from=None):
+    """A run directory as a finished run leaves it, as far as the checks read it: its .hydra/config.yaml."""
+    (path / ".hydra").mkdir(parents=True)
+    earlier = f"init_from: {init_from}\n" if init_from else ""
+    (path / ".hydra" / "config.yaml").write_text(f"{earlier}train:\n  seed: {seed}\nstage:\n  name: {stage}\n")
+    return path
+
+
+def test_the_whole_init_from_chain_is_checked(tmp_path):
+    """basic (seed 42) -> two_step (seed 42, from basic's model/) -> a third stage under seed 1 that scores
+    basic only: basic's split was drawn two runs back (the last run trained two_step), and scoring it under seed 1
+    is refused; under 42 it passes."""
+    basic = _recorded_run(tmp_path / "1_basic", "basic", 42)
+    two_step = _recorded_run(tmp_path / "2_two_step", "two_step", 42, init_from=basic / "model")
+    args = ["debug=smoke", "stage=intermediate", f"init_from={two_step}", "eval.forgetting_sets=[basic]"]
+    with pytest.raises(ConfigError, match=rf"init_from={two_step} continues {basic}/model, which trained basic with "
+                                          rf"train.seed=42.*set train.seed=42") as err:
+        validate(compose_cfg([*args, "train.seed=1"], tmp_path))
+    assert "\n" not in str(err.value)
+    validate(compose_cfg([*args, "train.seed=42"], tmp_path))
+    # scoring only the stages trained under this run's seed passes
+    _recorded_run(tmp_path / "3_two_step", "two_step", 1, init_from=basic)
+    validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={tmp_path / '3_two_step'}",
+                          "eval.forgetting_sets=[two_step]", "train.seed=1"], tmp_path))
+
+
+def test_a_looping_init_from_chain_ends(tmp_path):
+    """Copied configs that name each other: the chain is read once round, not forever."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    _recorded_run(first, "basic", 42, init_from=second)
+    _recorded_run(second, "two_step", 42, init_from=first)
+    validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={second}", "eval.forgetting_sets=[basic]",
+                          "train.seed=42"], tmp_path))
+    with pytest.raises(ConfigError, match="trained basic with train.seed=42"):
+        validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={second}",
+                              "eval.forgetting_sets=[basic]", "train.seed=3"], tmp_path))

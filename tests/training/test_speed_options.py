@@ -106,6 +106,32 @@ def test_the_lean_reference_gives_the_same_kl_and_losses(tmp_path):
     assert runs[True] == runs[False]
 
 
+@pytest.mark.parametrize("loaded", ["as TRL loads it", "with transformers' own attention"])
+def test_the_kl_reference_attends_as_the_policy_so_the_first_kl_is_zero(loaded, tmp_path, monkeypatch):
+    """On-policy (steps_per_generation=1) in fp32, the first step's policy and KL reference hold the same weights,
+    so its logged KL is exactly 0, not a rounding difference: the trainer gives the reference the policy's attention
+    (train.attention=auto: grouped on a CPU). TRL releases that load the reference with transformers' own attention
+    are what the second case stands for; this release passes the policy's attention name on."""
+    from trl.trainer import grpo_trainer
+
+    if loaded != "as TRL loads it":
+        create = grpo_trainer.create_model_from_path
+
+        def without_attention(*args, **kwargs):
+            kwargs.pop("attn_implementation", None)
+            return create(*args, **kwargs)
+
+        monkeypatch.setattr(grpo_trainer, "create_model_from_path", without_attention)
+    cfg = compose_cfg([*FAST, "train.beta=0.04", "train.precision=fp32", "train.steps_per_generation=1"], tmp_path)
+    cfg.train.max_steps = 1
+    trainer, _, _, _ = train_briefly(cfg)
+    policy = shared_prefix.scoring_model(trainer.accelerator.unwrap_model(trainer.model))
+    reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+    assert reference.config._attn_implementation == policy.config._attn_implementation
+    first = next(row for row in trainer.state.log_history if "kl" in row)
+    assert first["kl"] == 0.0
+
+
 def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
     """Same seed, same completions: the shared-prefix step logs TRL's entropy and gradient norm."""
     used = []

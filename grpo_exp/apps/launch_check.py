@@ -1,0 +1,281 @@
+"""What the web app may start: an allowlist of `python -m grpo_exp.train` overrides, checked before any process
+starts.
+
+Whoever reaches the app's page can start processes as the app's user, so the app runs only what its form offers:
+
+- `group=option` for the groups the Launch tab shows (LAUNCH_GROUPS), with an option from conf/<group>/;
+- `key=value` for a key of the schema (grpo_exp/config/schema.py), `+`/`++` prefixed or not, with a literal value:
+  no interpolation (`${oc.env:...}` reads the app's environment), no sweep. Names (model.name, logger.project, ...)
+  are plain names: some become file names. Paths are confined: init_from, stage.path and a local model.id or
+  stage.hub_id must resolve (symlinks followed) under the app's outputs folder or this package, logger.dir (written
+  to) under the outputs folder.
+
+Everything else is refused with one line naming the bad item and what is accepted: Hydra's own settings (`hydra.*`,
+`+hydra.callbacks...` would make Hydra instantiate any callable), flags (`-m`, `--config-dir`), deletions (`~key`),
+`resume` and `paths.*` (they choose where a run writes), `train.extra` (passed to TRL unchecked, output_dir among
+its keys) and anything not a schema key. The list that passes is then composed and validated
+(grpo_exp.config.checks.validate) as the run itself would, so a bad value is refused before a process starts. The
+child gets an argument list, never a shell line: `;` or `$(...)` in a value are just characters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import shlex
+import threading
+import typing
+from pathlib import Path
+from typing import Any
+
+import grpo_exp
+from grpo_exp.base.text import error_line
+from grpo_exp.config.options import CONF_DIR, group_options
+
+# The config groups the Launch tab offers, in the order shown (experiment/ablation are sweeps: command line)
+LAUNCH_GROUPS = ["model", "stage", "reward", "quantization", "peft", "cpu", "logger", "train", "curriculum", "debug"]
+PACKAGE_DIR = Path(grpo_exp.__file__).resolve().parent
+
+# keys read from a path: confined to the outputs folder or the package
+READ_PATHS = ("init_from", "stage.path", "checkpoint")
+WRITE_PATHS = ("logger.dir",)  # written to: the outputs folder only
+HUB_OR_PATH = ("model.id", "stage.hub_id")  # a hub id (org/name), or a local folder read like READ_PATHS
+FREE_TEXT = ("reward.system_prompt",)  # any text: it only goes into the prompts
+# schema keys the app does not offer, and why
+NOT_OFFERED = {
+    "resume": "resume continues an existing run directory, wherever it is; continue a run on the command line",
+    "paths": "paths.* choose where runs and caches are written; the app puts each run under its outputs folder",
+    "train.extra": "train.extra passes settings to TRL unchecked (output_dir and logging_dir among them); "
+                   "set it on the command line",
+    "task_name": "task_name names the entrypoint and its log file; the app runs grpo_exp.train",
+}
+NAME = re.compile(r"[A-Za-z0-9_.+-]*")
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class LaunchRefused(ValueError):
+    """An override list the app will not run; the message is one line naming the item and what is accepted."""
+
+
+def split(text: str) -> list[str]:
+    """The override box's text as the command line would split it (quotes group, nothing is expanded)."""
+    try:
+        return shlex.split(text or "")
+    except ValueError as err:  # an unclosed quote
+        raise LaunchRefused(f"the overrides cannot be split into words ({err}): close the quote") from None
+
+
+@functools.cache  # the schema is fixed once imported; the preview checks the form on every change
+def schema_keys(root: type | None = None) -> dict[str, Any]:
+    """Every leaf key of the schema (dotted) with its type; sections (model, train, ...) are not leaves."""
+    from grpo_exp.config import schema
+
+    keys: dict[str, Any] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls, vars(schema))
+        for f in dataclasses.fields(cls):
+            kind = hints.get(f.name, Any)
+            if dataclasses.is_dataclass(kind):
+                walk(kind, f"{prefix}{f.name}.")
+            else:
+                keys[prefix + f.name] = kind
+
+    walk(root or schema.RunConfig, "")
+    return keys
+
+
+def _not_offered(key: str) -> str | None:
+    for name, why in NOT_OFFERED.items():
+        if key == name or key.startswith(name + "."):
+            return why
+    return None
+
+
+def _sections() -> list[str]:
+    return sorted({k.split(".", 1)[0] for k in schema_keys() if "." in k})
+
+
+def allowed_keys() -> list[str]:
+    return sorted(k for k in schema_keys() if _not_offered(k) is None)
+
+
+def _unknown(key: str) -> str:
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    under = [k for k in allowed_keys() if parent and k.startswith(parent + ".")]
+    if under:
+        return f"unknown config key '{key}'; valid keys under {parent}: {', '.join(k[len(parent) + 1:] for k in under)}"
+    top = [k for k in allowed_keys() if "." not in k]
+    return (f"unknown config key '{key}'; valid: {', '.join(top)}, <section>.<key> for the sections "
+            f"{', '.join(_sections())}, and the groups {', '.join(LAUNCH_GROUPS)}")
+
+
+def inside(path: str | Path, roots: list[Path], cwd: Path) -> Path | None:
+    """`path` resolved from cwd (symlinks followed) if it lies under one of `roots`, else None."""
+    resolved = (cwd / Path(path)).resolve()
+    return resolved if any(resolved.is_relative_to(root.resolve()) for root in roots) else None
+
+
+def _confined(key: str, value: str, roots: list[Path], cwd: Path) -> None:
+    where = " or ".join(str(r) for r in roots)
+    if value.startswith("~"):
+        raise LaunchRefused(f"'~' is not expanded here; give {key} a path under {where}")
+    if inside(value, roots, cwd) is None:
+        raise LaunchRefused(f"it resolves to {(cwd / value).resolve()}, outside the folders the app reads and "
+                            f"writes; give {key} a path under {where}")
+
+
+def _strings(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def _model_packages() -> list[str]:
+    """The pip packages conf/model options load a GGUF from (a free name would be imported)."""
+    from omegaconf import OmegaConf
+
+    found = (OmegaConf.load(p).get("package") for p in sorted((CONF_DIR / "model").glob("*.yaml")))
+    return sorted({str(p) for p in found if p})
+
+
+def _check_value(key: str, value: Any, outputs: Path, cwd: Path) -> None:
+    """The rules beyond the schema's types for the keys that name files, folders, packages and names."""
+    if value is None or key in FREE_TEXT:
+        return
+    text = str(value)
+    read_roots = [outputs, PACKAGE_DIR]
+    if key in READ_PATHS:
+        _confined(key, text, read_roots, cwd)
+    elif key in WRITE_PATHS:
+        _confined(key, text, [outputs], cwd)
+    elif key in HUB_OR_PATH:
+        # a local folder is read wherever it is named so (transformers and datasets look there first)
+        if HUB_ID.fullmatch(text) and ".." not in text and not (cwd / text).exists():
+            return
+        if not (cwd / text).exists() and not text.startswith(("/", ".", "~")):
+            raise LaunchRefused(f"{text} is neither a hub id of the form org/name nor an existing folder")
+        _confined(key, text, read_roots, cwd)
+    elif key == "model.package":
+        packages = _model_packages()
+        if text not in packages:
+            raise LaunchRefused(f"{text} is not a model package of conf/model; choose one of: {', '.join(packages)}")
+    else:
+        for item in _strings(value):
+            if not NAME.fullmatch(item) or ".." in item:
+                raise LaunchRefused(f"{key} takes names of letters, digits and . _ + - (some become file names), "
+                                    f"not {item!r}")
+
+
+def check_item(item: str, outputs: Path, cwd: Path) -> None:
+    """One override against the allowlist; raises LaunchRefused naming it."""
+    try:
+        _check_item(item, outputs, cwd)
+    except LaunchRefused as err:
+        raise LaunchRefused(f"'{item}': {err}") from None
+
+
+def _check_item(item: str, outputs: Path, cwd: Path) -> None:
+    if item.startswith("-"):
+        raise LaunchRefused("the app takes key=value overrides, not flags (-m, --multirun, --config-dir, ...); "
+                            "sweeps and flags go on the command line (python -m grpo_exp.train -m ...)")
+    if item.startswith("~"):
+        raise LaunchRefused("deleting a key (~key) is not offered; set its value instead")
+    if "=" not in item:
+        raise LaunchRefused("not an override of the form key=value (group=option or section.key=value)")
+    raw_key, raw_value = item.split("=", 1)
+    key = raw_key.lstrip("+")
+    if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+        raise LaunchRefused("Hydra's own settings (hydra.*) are not offered: the app chooses each run's directory, "
+                            "and hydra.callbacks would run any code")
+    if "@" in key:
+        raise LaunchRefused("package overrides (key@package=...) are not offered")
+    if "${" in item:
+        raise LaunchRefused("interpolations (${...}) are not accepted from the app (they read its environment "
+                            "and files); give the value itself")
+    if key in LAUNCH_GROUPS:
+        if raw_key != key:
+            raise LaunchRefused(f"{key} is a config group: choose its option as {key}=<option>, without '+'")
+        options = group_options(key)
+        if raw_value not in options:
+            raise LaunchRefused(f"unknown {key} option '{raw_value}'; valid choices: {', '.join(options)}")
+        return
+    if (CONF_DIR / key).is_dir():
+        raise LaunchRefused(f"the group {key} is not offered by the app (sweeps and the rest go on the command "
+                            f"line); its groups: {', '.join(LAUNCH_GROUPS)}")
+    try:
+        parsed = _parser().parse_override(item)
+    except Exception as err:  # Hydra's grammar: `;` or an unbalanced bracket in a value
+        raise LaunchRefused(f"Hydra cannot read it ({error_line(err).split(': ', 1)[-1]}); quote a value "
+                            f"with such characters as key='value'") from None
+    if parsed.key_or_group != key or parsed.package:  # what was checked must be what Hydra sets
+        raise LaunchRefused(f"Hydra reads its key as '{parsed.key_or_group}'; write the key alone, as key=value")
+    why = _not_offered(key)
+    if why:
+        raise LaunchRefused(why)
+    if key not in schema_keys():
+        section = key in _sections()
+        raise LaunchRefused(f"{key} is a section; set one of its keys ({key}.<key>=value)" if section else _unknown(key))
+    if parsed.is_sweep_override():
+        raise LaunchRefused("a sweep runs several runs; the app runs one (sweeps go on the command line with -m)")
+    _check_value(key, parsed.value(), outputs, cwd)
+
+
+@functools.cache
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def check_items(items: list[str], outputs: Path, cwd: Path) -> None:
+    """Each override against the allowlist, without composing (quick enough for every keystroke)."""
+    for item in items:
+        check_item(item, outputs, cwd)
+
+
+def compose_train(overrides: list[str]):
+    """conf/train.yaml with overrides, as `python -m grpo_exp.train` composes it (one caller at a time:
+    Hydra's global state is not thread-safe)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from grpo_exp.config.compose import compose
+
+    with _COMPOSE_LOCK:
+        GlobalHydra.instance().clear()
+        return compose("train", overrides)
+
+
+_COMPOSE_LOCK = threading.Lock()
+
+
+def check(items: list[str], outputs: Path, cwd: Path):
+    """The allowlist, then the config the run would get, composed and validated: returns it, or raises
+    LaunchRefused with one line. Nothing is started or written."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from grpo_exp.base.errors import ConfigError
+    from grpo_exp.config.checks import validate
+    from grpo_exp.config.compose import compose, compose_error
+
+    check_items(items, outputs, cwd)
+    with _COMPOSE_LOCK:  # compose_error composes again to list the valid keys
+        GlobalHydra.instance().clear()
+        try:
+            cfg = compose("train", items)
+        except Exception as err:
+            raise LaunchRefused(compose_error("train", items, err)) from None
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        raise LaunchRefused(str(err)) from None
+    except Exception as err:  # a value left missing (model=custom without model.id), say
+        raise LaunchRefused(error_line(err, chain=True)) from None
+    return cfg
