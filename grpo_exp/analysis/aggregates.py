@@ -103,3 +103,20 @@ def pooled_counts(eval_file: dict | None, before_after: dict | None) -> dict[str
             out[f"count:{name}_only_before"] = values["only_first_correct"]
             out[f"count:{name}_only_after"] = values["only_second_correct"]
     return out
+
+
+def validation_start(job: dict, name: str) -> tuple[str, float, int | None] | None:
+    """(who, accuracy, n) of the model a job started from on set `name`'s validation problems: the level its
+    learning curve starts from. before_after.json's `validation_before` (the very problems the periodic
+    evaluation scores), else its before/after figures where it scored the validation split, else the
+    periodic evaluation at step 0; None without any of them."""
+    comparison = job.get("before_after") or {}
+    who = "starting model" if comparison.get("before") == "start" else "base model"
+    start = comparison.get("validation_before") or {}
+    if start.get("set") == name and isinstance(start.get("accuracy"), (int, float)):
+        return who, start["accuracy"], start.get("n")
+    figures = (comparison.get("sets") or {}).get(name) or {}
+    if comparison.get("split") == VALIDATION and isinstance(figures.get("before"), (int, float)):
+        return who, figures["before"], figures.get("n")
+    first = [(accuracy, n) for step, accuracy, n in (job.get("periodic") or {}).get(name, []) if step == 0]
+    return ("step 0", first[0][0], first[0][1]) if first else None

@@ -93,16 +93,9 @@ def plot_reward_curves(jobs: list[dict], labels: list[str], out: Path) -> Path |
 
 
 def base_level(job: dict, name: str) -> tuple[str, float] | None:
-    """The starting model's validation accuracy on set `name` for the learning curve: before_after.json's
-    "before" when that file scored the validation split, else the periodic evaluation at step 0, else None."""
-    comparison = job.get("before_after") or {}
-    sets = comparison.get("sets") or {}
-    before = (sets.get(name) or {}).get("before")
-    if comparison.get("split") == aggregates.VALIDATION and isinstance(before, (int, float)):
-        who = "starting model" if comparison.get("before") == "start" else "base model"
-        return f"{who}, n={sets[name].get('n')}", before
-    first = [(step, accuracy) for step, accuracy, _ in (job.get("periodic") or {}).get(name, []) if step == 0]
-    return ("step 0", first[0][1]) if first else None
+    """The learning curve's dashed level: aggregates.validation_start as (label, accuracy)."""
+    start = aggregates.validation_start(job, name)
+    return None if start is None else (f"{start[0]}, n={start[2]}", start[1])
 
 
 def plot_learning_curve(jobs: list[dict], labels: list[str], path: Path) -> Path | None:

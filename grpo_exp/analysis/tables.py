@@ -68,8 +68,8 @@ def _diff(value, interval) -> str:
 
 def before_after_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
     """One row per job and evaluated set of before_after.json: the starting model's and the trained
-    model's greedy accuracy on the same held-out problems of the named split, the paired difference and
-    McNemar's p."""
+    model's greedy accuracy on the same held-out problems of the named split, the paired difference,
+    McNemar's p and how long the run took."""
     rows = []
     for job, label in zip(jobs, labels):
         comparison = job["before_after"] or {}
@@ -82,8 +82,13 @@ def before_after_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
                          "after [95% CI]": _ci(v.get("after"), v.get("after_ci95")),
                          "difference [paired 95% CI]": _diff(v.get("accuracy_diff"), v.get("accuracy_diff_ci95")),
                          "McNemar p": f"{v['mcnemar_p']:.2g}" if isinstance(v.get("mcnemar_p"), float) else "",
-                         "before figures": source})
+                         "before figures": source, "run minutes": _minutes(job["row"].get("wall_time_s"))})
     return pd.DataFrame(rows)
+
+
+def _minutes(seconds) -> str:
+    """metrics.json's wall_time_s (training, its evaluations and saves) in minutes."""
+    return f"{seconds / 60:.1f}" if isinstance(seconds, (int, float)) else ""
 
 
 def fifths_table(df: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
@@ -104,12 +109,11 @@ def periodic_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
     evaluated step (columns `step <s>`, blank where a job did not evaluate at that step)."""
     rows, steps = [], set()
     for job, label in zip(jobs, labels):
-        comparison = job["before_after"] or {}
-        before = (comparison.get("sets") or {}) if comparison.get("split") == aggregates.VALIDATION else {}
         for name, points in (job.get("periodic") or {}).items():
+            start = aggregates.validation_start(job, name)
             row = {"job": job["row"]["job"], "variant": label, "seed": job["row"].get("seed"), "set": name,
                    "n": next((n for _, _, n in points if n), None),
-                   "base (n)": (f"{before[name]['before']:.3f} ({before[name].get('n')})" if name in before else "")}
+                   "base (n)": f"{start[1]:.3f} ({start[2]})" if start else ""}
             for step, accuracy, _ in points:
                 row[f"step {step}"] = accuracy
                 steps.add(step)
@@ -135,7 +139,9 @@ def sections(jobs: list[dict], df: pd.DataFrame, labels: list[str], seed_labels:
         out.append(Section("before_after", f"Accuracy before and after training ({named})",
                            "Greedy accuracy of the starting model (`before model`: the base model, or the earlier "
                            "stage's for `start`) and the trained one on the same held-out problems of the split "
-                           "named in `split` (before_after.json); the difference is paired, with McNemar's exact p.",
+                           "named in `split` (before_after.json); the difference is paired, with McNemar's exact p. "
+                           "`run minutes`: the run's wall time (metrics.json), its evaluations included; a speed "
+                           "figure only where the page's machine ran nothing else beside it.",
                            comparison))
     seeds = seed_table(df, seed_labels)
     if seeds is not None:
@@ -157,7 +163,7 @@ def sections(jobs: list[dict], df: pd.DataFrame, labels: list[str], seed_labels:
         out.append(Section("validation_accuracy", "Validation accuracy during training (validation split)",
                            "Greedy accuracy every `eval.every_steps` on the first `eval.every_limit` (`n`) problems of "
                            "the validation split (`eval/<set>/accuracy` in history.jsonl); `base (n)`: the starting "
-                           "model's accuracy on the job's before_after.json validation problems (n of them; the "
-                           "periodic evaluations score the first `n` of these), where the job scored that split.",
+                           "model's accuracy on n validation problems: the periodic evaluation's own "
+                           "(before_after.json `validation_before`), else the n the job scored after training.",
                            periodic))
     return out

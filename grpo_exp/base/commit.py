@@ -22,3 +22,7 @@ def code_commit(repo: Path = REPO) -> str | None:
     if commit and git("status", "--porcelain", "--untracked-files=no"):
         commit += " (with uncommitted changes)"
     return commit
+
+
+# The commit when this process imported the package: what a sweep's later jobs run, whatever HEAD is by then.
+AT_START = code_commit()

@@ -23,8 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from grpo_exp.base import cpu, dist, log
-from grpo_exp.base.commit import code_commit
+from grpo_exp.base import commit, cpu, dist, log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import ConfigError, TrainingHalted
 from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_json
@@ -331,7 +330,7 @@ class StageRun:
             **{f"cpu_{k}": v for k, v in threads.items()},
             "precision": resolve_precision(cfg.train.precision),
             "torch_version": torch.__version__,
-            "git_commit": code_commit(),
+            "git_commit": commit.AT_START,
             "ewc_lambda": cfg.ewc["lambda"],
             "ewc_from": _ewc_source(init, parts.ewc_state),
             "skipped_steps": trainer.skipped_steps,

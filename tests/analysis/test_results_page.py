@@ -148,8 +148,12 @@ def test_learning_curve_level_is_the_base_model_on_the_same_split():
     job = {"before_after": {"before": "base", "split": "validation", "sets": {"basic": {"before": 0.125, "n": 200}}},
            "periodic": {"basic": [(0, 0.1, 50), (20, 0.3, 50)]}}
     assert plots.base_level(job, "basic") == ("base model, n=200", 0.125)
+    # the periodic evaluation's own problems, recorded after training, come first
+    job["before_after"]["validation_before"] = {"set": "basic", "n": 50, "accuracy": 0.14}
+    assert plots.base_level(job, "basic") == ("base model, n=50", 0.14)
+    del job["before_after"]["validation_before"]
     job["before_after"]["split"] = "test"  # other problems: the step-0 evaluation instead
-    assert plots.base_level(job, "basic") == ("step 0", 0.1)
+    assert plots.base_level(job, "basic") == ("step 0, n=50", 0.1)
     job["periodic"]["basic"] = [(20, 0.3, 50)]
     assert plots.base_level(job, "basic") is None
 
