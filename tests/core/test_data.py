@@ -18,7 +18,7 @@ from grpo_exp.core.data import (
     to_dataset,
     to_messages,
 )
-from grpo_exp.core.data import generators
+from grpo_exp.core.data import generators, templates
 from grpo_exp.core.data.generators import LEVELS, SPLITS, generate, generate_split
 from grpo_exp.core.data.gsm8k import load_jsonl, parse_gsm8k_answer
 from tests.conftest import SHARED_GSM8K
@@ -181,7 +181,7 @@ def test_a_band_too_small_gives_a_smaller_set_with_the_same_mix(monkeypatch, cap
         a = rng.randint(1, 9)
         return f"What is {a} + 100?", f"{a} + 100", a + 100
 
-    monkeypatch.setitem(generators._TEMPLATES, "basic", (generators._sub, _few))
+    monkeypatch.setitem(generators._TEMPLATES, "basic", (templates._sub, _few))
     with caplog.at_level("WARNING"):
         rows = generate_split("basic", "test", 40, seed=0)
     few = [p for p in rows if p["template"] == "few"]
