@@ -388,10 +388,10 @@ def test_runs_tab_shows_the_run(app, launched, tmp_path):
     assert launched.name in page.text("runs-overview") and "completed" in page.text("runs-overview")
     page.wait_text("runs-detail", launched.name)
     page.wait_text("runs-table", "completed")
-    # the report's plots: the reward curve and the held-out accuracy (every step) at least
+    # the report's plots: the reward curves and the learning curve (validation accuracy) at least
     page.wait(lambda: len(page.el("runs-plots").find_elements(By.CSS_SELECTOR, "img")) >= 2, what="report plots")
     captions = page.text("runs-plots")
-    assert "reward curves" in captions and "heldout accuracy" in captions
+    assert "reward curves" in captions and "learning curve" in captions
     for plot in ("runs-reward", "runs-heldout"):  # Vega draws into a canvas or an svg
         page.wait(lambda: page.el(plot).find_elements(By.CSS_SELECTOR, "canvas, svg"), what=plot)
     page.shot(tmp_path / "runs.png")
