@@ -334,7 +334,9 @@ def test_base_figures_are_cached_per_settings(tmp_path, tiny, monkeypatch):
     import grpo_exp.evaluation.run as ev
 
     model, tokenizer = tiny
-    overrides = ["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", f"paths.cache_dir={tmp_path / 'cache'}"]
+    # eval.every_steps=null: no validation level for a learning curve, so one cache entry per set of problems
+    overrides = ["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", f"paths.cache_dir={tmp_path / 'cache'}",
+                 "eval.every_steps=null"]
     cfg = compose_cfg(overrides, tmp_path / "a")
     # a cache of its own for the base figures, the fixture's for models (the directory its tiny model was saved
     # in): the tiny model's tokenizer would otherwise be converted from SmolLM2's GGUF again here (about 30 s)
@@ -378,6 +380,8 @@ def test_before_after_table_names_its_split(tmp_path, tiny):
     validation = {e["question"] for e in ev_sets(cfg)}
     assert {r["question"] for r in map(json.loads, (tmp_path / "a" / "eval_samples.jsonl").read_text().splitlines())} <= validation
     assert result["before_after"]["basic"]["distinct"] == 2
+    # the learning curve's level: the starting model on the periodic evaluation's own validation problems
+    assert record["validation_before"]["set"] == "basic" and record["validation_before"]["n"] == cfg.eval.every_limit
     eval_json = json.loads((tmp_path / "a" / "eval.json").read_text())
     assert eval_json["config"]["split"] == "validation" and eval_json["sets"]["basic"]["distinct"] == 2
 
@@ -398,8 +402,8 @@ def test_init_from_figures_are_cached_until_its_model_changes(tmp_path, tiny, mo
     start = tmp_path / "basic_run" / "model"
     model.save_pretrained(start)
     tokenizer.save_pretrained(start)
-    cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", f"paths.cache_dir={tmp_path / 'cache'}"],
-                      tmp_path / "a")
+    cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", f"paths.cache_dir={tmp_path / 'cache'}",
+                       "eval.every_steps=null"], tmp_path / "a")
     first = evaluate_after_train(cfg, model, tokenizer, tmp_path / "a", start)
     assert len(list((tmp_path / "cache" / "start_eval").glob("basic_run-*.json"))) == 1
     loads = []
