@@ -7,14 +7,12 @@ trains and is scored on. Other `key=value` arguments are config overrides (`stag
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from grpo_exp.base import log
 from grpo_exp.base.errors import ConfigError
+from grpo_exp.base.io import write_jsonl
 
 logger = log.get_logger(__name__)
 EXIT_BAD_INPUT = 2
@@ -58,20 +56,6 @@ def problems(own: dict[str, str], overrides: list[str]) -> list[dict]:
     return rows[: int(limit)] if limit else rows
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """Through a temporary file beside `path`: an existing file is replaced whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            for row in rows:
-                fh.write(json.dumps({k: row.get(k, row["question"] if k == "key" else None) for k in FIELDS}) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     log.set_level("INFO")
     try:
@@ -81,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     out = Path(own["out"])
-    write_jsonl(out, rows)
+    write_jsonl(out, ({k: row.get(k, row["question"] if k == "key" else None) for k in FIELDS} for row in rows))
     distinct = len({row.get("key") or row["question"] for row in rows})
     logger.info("%d problems (%d distinct computations) written to %s", len(rows), distinct, out)
     return 0

@@ -12,15 +12,24 @@ from typing import Callable
 
 from grpo_exp.base.errors import ConfigError, DiskFullError
 
+
 def write_json(path: str | Path, data) -> None:
     """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_jsonl(path: str | Path, rows) -> None:
+    """One JSON object a line, written as write_json writes: the file is replaced whole or not at all."""
+    write_text(path, "".join(json.dumps(row, default=str) + "\n" for row in rows))
+
+
+def write_text(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, default=str)
-            fh.write("\n")
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
