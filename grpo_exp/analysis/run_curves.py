@@ -6,13 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from grpo_exp.analysis.plots import _history_points
 from grpo_exp.base.io import read_jsonl
 
 CURVES_FILE = "curves.png"
-
-
-def _points(history: list[dict], key: str) -> list[tuple[int, float]]:
-    return [(r.get("global_step", r.get("step")), r[key]) for r in history if isinstance(r.get(key), (int, float))]
 
 
 def write_curves(run_dir: str | Path) -> Path | None:
@@ -24,8 +21,8 @@ def write_curves(run_dir: str | Path) -> Path | None:
 
     run_dir = Path(run_dir)
     history = read_jsonl(run_dir / "history.jsonl", tolerant=True)
-    reward = _points(history, "reward")
-    accuracy = {key.split("/")[1]: _points(history, key) for key in
+    reward = _history_points(history, "reward")
+    accuracy = {key.split("/")[1]: _history_points(history, key) for key in
                 sorted({k for r in history for k in r if k.startswith("eval/") and k.endswith("/accuracy")})}
     if not reward and not accuracy:
         return None

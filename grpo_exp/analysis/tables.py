@@ -50,20 +50,13 @@ def to_markdown(df: pd.DataFrame) -> str:
     return markdown_table(list(df.columns), [[fmt(v) for v in row.tolist()] for _, row in df.iterrows()])
 
 
-def _ci(value, interval) -> str:
+def _ci(value, interval, sign: str = "") -> str:
+    """`value [low, high]` to three places; sign="+" writes a difference's signs."""
     if not isinstance(value, (int, float)):
         return ""
     if not interval or len(interval) != 2:
-        return f"{value:.3f}"
-    return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
-
-
-def _diff(value, interval) -> str:
-    if not isinstance(value, (int, float)):
-        return ""
-    if not interval or len(interval) != 2:
-        return f"{value:+.3f}"
-    return f"{value:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
+        return f"{value:{sign}.3f}"
+    return f"{value:{sign}.3f} [{interval[0]:{sign}.3f}, {interval[1]:{sign}.3f}]"
 
 
 def before_after_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
@@ -80,7 +73,7 @@ def before_after_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
                          "distinct": v.get("distinct"), "before model": comparison.get("before"),
                          "before [95% CI]": _ci(v.get("before"), v.get("before_ci95")),
                          "after [95% CI]": _ci(v.get("after"), v.get("after_ci95")),
-                         "difference [paired 95% CI]": _diff(v.get("accuracy_diff"), v.get("accuracy_diff_ci95")),
+                         "difference [paired 95% CI]": _ci(v.get("accuracy_diff"), v.get("accuracy_diff_ci95"), "+"),
                          "McNemar p": f"{v['mcnemar_p']:.2g}" if isinstance(v.get("mcnemar_p"), float) else "",
                          "before figures": source, "run minutes": _minutes(job["row"].get("wall_time_s"))})
     return pd.DataFrame(rows)

@@ -373,12 +373,19 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
     return {**report["sets"], "before_after": {name: c for name, c in comparison["sets"].items()}}
 
 
+def validation_subset(cfg, stage, name: str | None = None) -> list[dict]:
+    """The first eval.every_limit problems of a stage's validation split: what is scored during training."""
+    limit = cfg.eval.every_limit
+    if stage.dataset != "gsm8k":
+        limit = min(limit, stage.num_validation)
+    return held_out_split(stage, "validation", limit, cfg.train.seed, name)[:limit]
+
+
 def validation_before(cfg, start_model_dir: Path | None) -> dict:
     """The starting model's greedy accuracy on the validation problems the periodic evaluation scores (the
     first eval.every_limit): the level a run's learning curve starts from (cached as the base figures are)."""
     stage, max_new_tokens = cfg.stage, int(cfg.train.max_completion_length)  # as the periodic evaluation
-    limit = cfg.eval.every_limit if stage.dataset == "gsm8k" else min(cfg.eval.every_limit, stage.num_validation)
-    examples = held_out_split(stage, "validation", limit, cfg.train.seed)[:limit]
+    examples = validation_subset(cfg, stage)
     source = "generated" if stage.dataset != "gsm8k" else str(stage.path or stage.hub_id)
     sets = [EvalSet(stage.name, stage.dataset, max_new_tokens, source, examples, len(examples))]
     result = starting_model_results(cfg, sets, start_model_dir)["sets"][stage.name]

@@ -260,6 +260,7 @@ class StageRun:
     def held_out_eval(self, pending_logs: dict):
         """The `eval.every_steps` callback: the first eval.every_limit problems of this stage's validation split
         (a curve to choose settings by, so never the test split)."""
+        from grpo_exp.evaluation.run import validation_subset
         from grpo_exp.training.periodic_eval import HeldOutEvalCallback
 
         cfg = self.cfg
@@ -271,7 +272,7 @@ class StageRun:
     def forgetting_eval(self, pending_logs: dict):
         """The `eval.forgetting_sets` callback, its reference sampled from init_from's model/ on disk (the
         previous stage's policy, also when this stage resumes from a checkpoint)."""
-        from grpo_exp.evaluation.run import set_settings
+        from grpo_exp.evaluation.run import set_settings, validation_subset
         from grpo_exp.training.forgetting import ForgettingCallback, sample_reference
 
         cfg = self.cfg
@@ -371,16 +372,6 @@ class StageRun:
         # Written last: its "completed" status is what marks the stage as done for resume.
         write_json(run_dir / "metrics.json", metrics)
         return metrics
-
-
-def validation_subset(cfg, stage, name: str | None = None) -> list[dict]:
-    """The first eval.every_limit problems of a stage's validation split: what is scored during training."""
-    from grpo_exp.evaluation.run import held_out_split
-
-    limit = cfg.eval.every_limit
-    if stage.dataset != "gsm8k":
-        limit = min(limit, stage.num_validation)
-    return held_out_split(stage, "validation", limit, cfg.train.seed, name)[:limit]
 
 
 def _tracking(name: str):
