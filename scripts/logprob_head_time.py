@@ -16,7 +16,7 @@ import time
 import torch
 
 from grpo_exp.base import cpu
-from grpo_exp.core import logprob_head
+from grpo_exp.kernels import logprob_head
 
 logger = logging.getLogger("logprob_head_time")
 

@@ -79,7 +79,8 @@ def main() -> None:
     cpu.prepare_env(cfg.cpu)
     import torch
 
-    from grpo_exp.core import attention, data, models
+    from grpo_exp.core import data, models
+    from grpo_exp.kernels import attention
     from grpo_exp.training import rollout
 
     cpu.apply(cfg.cpu)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "grpo_exp"
-LAYERS = ["base", "core", "config", "evaluation", "training", "analysis", "apps"]
+LAYERS = ["base", "kernels", "core", "config", "evaluation", "training", "analysis", "apps"]
 # `python -m grpo_exp.train` / `grpo_exp.evaluate` / `grpo_exp.app`: the commands users know, kept as one-line shims over apps/
 SHIMS = {"grpo_exp.train", "grpo_exp.evaluate", "grpo_exp.app", "grpo_exp.data"}
 

@@ -233,7 +233,7 @@ class TrainConfig:
     # Score each distinct prompt once per batch instead of once per completion (training/shared_prefix.py):
     # the same log-probs and gradients as TRL's forward, with less work. Off when gradient checkpointing is on.
     shared_prefix: bool = True
-    # The trained policy's attention: sdpa or eager (transformers' own), grouped (core/attention.py: query heads
+    # The trained policy's attention: sdpa or eager (transformers' own), grouped (kernels/attention.py: query heads
     # grouped by the key/value head they share; a shorter step on CPUs), or auto (grouped on a CPU, sdpa on CUDA; the
     # default, chosen with the rollout engine below: docs/log.md, "2026-11-27 — the engine with grouped attention")
     attention: str = "auto"
@@ -243,14 +243,14 @@ class TrainConfig:
     # train.attention_decode=last_axis")
     attention_decode: str = "cache_axis"
     # The LM head's log-probs in the shared-prefix scoring: trl (TRL's chunked kernel; on a CPU its gradient GEMMs run
-    # in fp32), autocast (core/logprob_head.py: the same forward, its products kept for the backward, gradient GEMMs
+    # in fp32), autocast (kernels/logprob_head.py: the same forward, its products kept for the backward, gradient GEMMs
     # in the autocast dtype as for every other layer, fp32 without autocast; a 25% shorter default step with native
     # bf16; in fp32 a lower memory peak and a step up to 1.2x as fast; docs/performance.md, "Speed switches"), or auto
     # (autocast on a CPU, trl on CUDA; the default under bf16 since 2026-11-27: seeds 42, 1, 3 and 2 of the default
     # run scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl; in fp32 since
     # 2026-11-29: docs/log.md, "2026-11-29 — grpo-exp's LM head in fp32 training scores")
     logprob_kernel: str = "auto"
-    # What the training forward keeps for its backward under bf16 autocast: lean (core/lean_saved.py: each Linear
+    # What the training forward keeps for its backward under bf16 autocast: lean (kernels/lean_saved.py: each Linear
     # weight's bf16 cast is made again in the backward instead of held from the forward, an activation cast for
     # several layers is saved once, RMSNorm's and SwiGLU's elementwise outputs are computed again; the same
     # gradients bit for bit, a lower memory peak), plain (autograd's own), or auto (lean under bf16 training
@@ -268,8 +268,8 @@ class TrainConfig:
     # natively, else fp32 (core/copy_kinds.py)
     rollout_dtype: str = "auto"
     rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
-    # the copy's Linear products without a weight reorder on every call (core/packed_linear.py; the same numbers): a
-    # decoding step's by grpo-exp's kernel from the plain weights on AVX512-BF16 (core/small_rows.py), oneDNN's from
+    # the copy's Linear products without a weight reorder on every call (kernels/packed_linear.py; the same numbers): a
+    # decoding step's by grpo-exp's kernel from the plain weights on AVX512-BF16 (kernels/small_rows.py), oneDNN's from
     # weights laid out once per round elsewhere; auto/true: where the copy is bf16 and the CPU computes bf16 natively,
     # or the copy is fp32 and torch's kernels are AVX2's (small_rows' fp32 kernel, MKL's numbers) (true: an error
     # elsewhere)
@@ -293,7 +293,7 @@ class TrainConfig:
     rollout_scoring: str = "batch"
     # The KL reference (beta > 0) with its Linear weights stored in bf16 and off the model file's memory map, where
     # its forwards run under bf16 autocast: the same log-probs bit for bit, about 200 MB less resident for the
-    # default model (core/lean_reference.py); false: as TRL loads it
+    # default model (kernels/lean_reference.py); false: as TRL loads it
     lean_reference: bool = True
     logging_steps: int = 1
     save_steps: int = MISSING
@@ -349,7 +349,7 @@ class TrainConfig:
         if train.rollout_prepack is True and train.rollout != "trl":  # asked for: say before the model loads
             import torch
 
-            from grpo_exp.core import packed_linear
+            from grpo_exp.kernels import packed_linear
 
             # the Linear weights' dtype in the copy the engine will make
             dtype = copy_kinds.weight_dtype(copy_kinds.kind(train.rollout_dtype))

@@ -10,8 +10,8 @@ with `cat`. The engine instead keeps
   weights cast to bf16, the rest the policy's own fp32 tensors, run under the same autocast. A copy is
   refreshed in place before the first generation after an optimizer step; what it shares needs no refresh.
 - with a bf16 copy on a CPU with native bf16, its Linear layers swapped for packed ones (`train.rollout_prepack`,
-  core/packed_linear.py): the same products without a weight reorder on every call; on AVX512-BF16 a decoding
-  step's products read the plain weights in place (core/small_rows.py), with no packed copy kept; an fp32 copy on a
+  kernels/packed_linear.py): the same products without a weight reorder on every call; on AVX512-BF16 a decoding
+  step's products read the plain weights in place (kernels/small_rows.py), with no packed copy kept; an fp32 copy on a
   CPU whose torch kernels are AVX2's swaps them too, for small_rows' fp32 kernel (nothing laid out: MKL's same
   numbers, faster at a decoding step's few rows);
 - a static KV cache (transformers' StaticCache, allocated once per batch shape);
@@ -54,7 +54,8 @@ import torch
 
 from grpo_exp.base import log
 from grpo_exp.base.cpu import compiler_missing, native_dtype  # noqa: F401 (imported from here by tests and tools)
-from grpo_exp.core import attention, copy_kinds, packed_linear, small_rows
+from grpo_exp.core import copy_kinds
+from grpo_exp.kernels import attention, packed_linear, small_rows
 from grpo_exp.training import shared_prefix
 
 logger = log.get_logger(__name__)
@@ -222,7 +223,7 @@ class RolloutEngine:
         self._cache = None  # (batch, max_len) -> StaticCache, kept so the compiled step sees the same tensors
         self._cache_key: tuple[int, int] | None = None
         self._max_len = 0
-        # oneDNN's weight layout made once per refresh instead of on every product (core/packed_linear.py)
+        # oneDNN's weight layout made once per refresh instead of on every product (kernels/packed_linear.py)
         self.packed = self._pack_linears(prepack)
         self.backbone = self.model.base_model  # the decoder without its LM head
         self.head = self.model.get_output_embeddings()

@@ -75,7 +75,8 @@ def resolved_choices(cfg: Any) -> dict[str, str]:
     import torch
 
     from grpo_exp.base.cpu import resolve_precision
-    from grpo_exp.core import attention, copy_kinds, lean_saved, logprob_head
+    from grpo_exp.core import copy_kinds
+    from grpo_exp.kernels import attention, lean_saved, logprob_head
     from grpo_exp.training import rollout
 
     train = cfg.train

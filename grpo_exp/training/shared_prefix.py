@@ -6,7 +6,7 @@ head and masks those positions out afterwards (TRL scores only valid positions o
 distinct prompts run once with a KV cache. The cache rows are then gathered back to the batch (`index_select`,
 so gradients from every completion of a group add up in the shared prompt). The completions run on top of
 that cache, and only completion positions reach the LM head: TRL's own chunked log-prob kernel, or with
-`train.logprob_kernel=autocast` core/logprob_head.py (the same maths, gradient GEMMs in the autocast dtype).
+`train.logprob_kernel=autocast` kernels/logprob_head.py (the same maths, gradient GEMMs in the autocast dtype).
 
 The maths is that of TRL's forward: same positions (TRL passes no position ids, so both use 0..L-1), same
 masks, same kernel by default. Only float rounding differs. tests/test_shared_prefix.py checks log-probs, entropies
@@ -29,7 +29,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-from grpo_exp.core import lean_saved, logprob_head
+from grpo_exp.kernels import lean_saved, logprob_head
 
 
 def scoring_model(model):
@@ -127,7 +127,7 @@ def _score(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
     prefix = backbone(input_ids=input_ids[first, :prompt_len], attention_mask=attention_mask[first, :prompt_len],
                       use_cache=True, **{cache_kwarg: cache})
     cache.reorder_cache(inverse)
-    with lean_saved.last_pass():  # (no weight is used again in this forward: see core/lean_saved.py)
+    with lean_saved.last_pass():  # (no weight is used again in this forward: see kernels/lean_saved.py)
         rest = backbone(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask, use_cache=True,
                         **{cache_kwarg: cache})
     # The position before each token predicts it: the prompt's last position predicts the first completion token.

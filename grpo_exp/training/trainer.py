@@ -26,7 +26,7 @@ from grpo_exp.base import dist, log
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
-from grpo_exp.core import attention, embedding_grad, lean_reference, lean_saved, logprob_head
+from grpo_exp.kernels import attention, embedding_grad, lean_reference, lean_saved, logprob_head
 from grpo_exp.training import checkpoints, rollout, shared_prefix
 
 logger = log.get_logger(__name__)
@@ -207,7 +207,7 @@ class GrpoExpTrainer(GRPOTrainer):
 
     def _shrink_reference(self) -> None:
         """train.lean_reference: the KL reference's Linear weights in bf16, off the model file's map, where its
-        forwards run under bf16 autocast (core/lean_reference.py)."""
+        forwards run under bf16 autocast (kernels/lean_reference.py)."""
         amp = self.accelerator.native_amp and self.accelerator.mixed_precision == "bf16"
         reference = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
         why_not = lean_reference.unsupported_reason(

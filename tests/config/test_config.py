@@ -108,7 +108,7 @@ def test_config_choices_match_the_code_that_implements_them():
     # lists that the lower and higher layers implement; a choice added on one side only would either be
     # refused by the config or pass it and fail after the model loaded.
     from grpo_exp.config.schema import StageConfig, TrainConfig
-    from grpo_exp.core import attention, logprob_head
+    from grpo_exp.kernels import attention, logprob_head
     from grpo_exp.core.data.generators import LEVELS
     from grpo_exp.training import rollout
 

@@ -18,7 +18,8 @@ import torch
 
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.io import read_jsonl
-from grpo_exp.core import logprob_head, models
+from grpo_exp.core import models
+from grpo_exp.kernels import logprob_head
 from grpo_exp.training import shared_prefix
 from tests.conftest import compose_cfg
 from tests.core.test_logprob_head import reference, relative_error  # the fp64 reference the CPU tests use

@@ -14,7 +14,8 @@ import torch
 from grpo_exp.config.checks import validate
 from grpo_exp.base import cpu
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.core import attention, copy_kinds, decode_softmax, models, packed_linear, small_rows
+from grpo_exp.core import copy_kinds, models
+from grpo_exp.kernels import attention, decode_attention, packed_linear, small_rows
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.core.test_decode_softmax import needs_checked_torch
@@ -246,12 +247,12 @@ def test_the_compiled_step_follows_moved_weights_and_new_batch_sizes(tiny):
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
 @needs_checked_torch
 def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, monkeypatch):
-    """A compiled decoding step whose grouped-attention softmax runs core/decode_softmax.py's kernel draws the same
+    """A compiled decoding step whose grouped-attention softmax runs kernels/decode_attention.py's kernel draws the same
     tokens, with the same log-probs bit for bit, as the step compiled with inductor's own softmax."""
     model, tokenizer, prompts = tiny
     rows = [p for p in prompts for _ in range(4)]
     eos = [tokenizer.eos_token_id]
-    kernel = decode_softmax.decode_softmax
+    kernel = decode_attention.decode_softmax
     calls = []
     monkeypatch.setattr(decode_softmax, "decode_softmax", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     draws = {}
@@ -269,18 +270,18 @@ def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, mo
 
 
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
-@pytest.mark.skipif(not decode_softmax._AVX512_BF16,
+@pytest.mark.skipif(not decode_attention._AVX512_BF16,
                     reason="decode_attention repeats oneDNN's AVX512-BF16 products (no AMX)")
 @needs_checked_torch
 def test_the_decoding_attention_kernel_samples_what_the_composed_attention_samples(tmp_path, monkeypatch):
-    """A compiled bf16 decoding step whose attention is core/decode_softmax.py's one kernel (heads of 32 columns:
+    """A compiled bf16 decoding step whose attention is kernels/decode_attention.py's one kernel (heads of 32 columns:
     the tiny model made 128 wide) draws the same tokens with the same log-probs, bit for bit, as the step that
     composes torch's products around the softmax kernel."""
     cfg = compose_cfg(["debug=smoke", "model.tiny_hidden=128"], tmp_path)
     model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
     rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False) for p in PROMPTS for _ in range(4)]
-    kernel, calls = decode_softmax._run_attention, []
+    kernel, calls = decode_attention._run_attention, []
     monkeypatch.setattr(decode_softmax, "_run_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     draws = {}
     for fused in (True, False):

@@ -8,7 +8,8 @@ import pytest
 import torch
 from trl.trainer.utils import add_fused_lm_head
 
-from grpo_exp.core import attention, lean_saved, models
+from grpo_exp.core import models
+from grpo_exp.kernels import attention, lean_saved
 from grpo_exp.training import shared_prefix
 from tests.conftest import compose_cfg
 

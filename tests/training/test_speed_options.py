@@ -226,7 +226,7 @@ def test_the_profile_apps_choices_are_the_trainings_own():
     from grpo_exp.apps.profile import build_parser
     from grpo_exp.base.cpu import PRECISIONS
     from grpo_exp.config.schema import TrainConfig
-    from grpo_exp.core import attention
+    from grpo_exp.kernels import attention
 
     choices = {action.dest: tuple(action.choices) for action in build_parser()._actions if action.choices}
     assert choices["attention_decode"] == TrainConfig.ATTENTION_DECODES == attention.DECODE_LAYOUTS

@@ -6,7 +6,7 @@ share a key/value head instead, with two matmuls and an fp32 softmax (as transfo
 default model's 8 x 120-token scoring pass (forward and backward, bf16 autocast, 2 threads) in 1.43 s against 1.78 s
 for sdpa and 1.47 s for eager, and 3.88 s against 4.26 / 4.36 s at 256 tokens (docs/performance.md, "Grouped
 attention"). The same function serves the rollout engine's static-cache decoding; inside its compiled step, the
-softmax is core/decode_softmax.py's C++ kernel, which computes inductor's numbers in one pass, and in bf16 on a CPU
+softmax is kernels/decode_attention.py's C++ kernel, which computes inductor's numbers in one pass, and in bf16 on a CPU
 with AVX512-BF16 the whole attention (both products and the softmax) is one kernel there, which computes the same
 numbers as the products and that softmax in turn.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from grpo_exp.base import log
-from grpo_exp.core import decode_softmax
+from grpo_exp.kernels import decode_attention
 
 logger = log.get_logger(__name__)
 
@@ -70,24 +70,24 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
 
 def _decode_attention_chunks(query, key, value, attention_mask) -> int | None:
     """How decode_softmax's kernel splits each sum, where a compiled decoding step's whole attention can go through
-    decode_attention's kernel (bf16 query, key and value, one query position; core/decode_softmax.py); None
+    decode_attention's kernel (bf16 query, key and value, one query position; kernels/decode_attention.py); None
     elsewhere."""
     b, h, q, d = query.shape
     if (q != 1 or not all(t.dtype == torch.bfloat16 for t in (query, key, value))
-            or not decode_softmax.attention_usable(query.dtype, d)
-            or not decode_softmax.usable(query.dtype, attention_mask, query.device)):
+            or not decode_attention.attention_usable(query.dtype, d)
+            or not decode_attention.usable(query.dtype, attention_mask, query.device)):
         return None
     kv = key.shape[1]
-    return decode_softmax.sum_chunks(b * kv, h // kv, key.shape[2])
+    return decode_attention.sum_chunks(b * kv, h // kv, key.shape[2])
 
 
 def _decode_kernel_chunks(scores: torch.Tensor, attention_mask, q: int) -> int | None:
     """How decode_softmax's kernel splits each sum, where a compiled decoding step's softmax can go through it
-    (core/decode_softmax.py); None where inductor's own kernel is kept."""
-    if q != 1 or not decode_softmax.usable(scores.dtype, attention_mask, scores.device):
+    (kernels/decode_attention.py); None where inductor's own kernel is kept."""
+    if q != 1 or not decode_attention.usable(scores.dtype, attention_mask, scores.device):
         return None
     b, kv, length, g, _ = scores.shape
-    return decode_softmax.sum_chunks(b * kv, g, length)
+    return decode_attention.sum_chunks(b * kv, g, length)
 
 
 def grouped_attention_last_axis(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):

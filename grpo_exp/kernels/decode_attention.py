@@ -1,7 +1,7 @@
 """A decoding step's grouped-attention softmax as one C++ kernel that computes, bit for bit, what inductor's own
 kernel for it computes; and, in bf16, the whole attention of the step as one kernel (decode_attention).
 
-Why: grouped attention (core/attention.py) takes a decoding step's scores as [rows, kv heads, L, g], with the g
+Why: grouped attention (kernels/attention.py) takes a decoding step's scores as [rows, kv heads, L, g], with the g
 query heads that share a key/value head innermost. For a softmax along L of that layout, inductor's CPU code opens
 one parallel region per (row, key/value head), splits L between the threads, and loads masked 3-wide vectors: about
 a sixth of the rollout engine's compiled decoding step for the default model (216 us per layer at 16 rows; docs/log.md,
@@ -14,7 +14,7 @@ by its code cache), each sum in the order inductor's kernel adds (from 0, in L o
 thread where inductor splits the sum between threads: `sum_chunks`), and the division, rounded to the scores' dtype.
 It is used only inside a compiled decoding step, where inductor's kernel is what it replaces (eager attention runs
 torch's own kernels, which round otherwise), and only where `sum_chunks` knows inductor's choice. Tests compare it
-with inductor's kernel on fp32 outputs, where a different order of any sum shows (tests/core/test_decode_softmax.py).
+with inductor's kernel on fp32 outputs, where a different order of any sum shows (tests/kernels/test_decode_attention.py).
 
 `decode_attention` goes one step further for a bf16 copy on a CPU with AVX512-BF16: the whole attention of a
 decoding step, key @ query^T, this softmax and probs^T @ value, in one kernel per (row, key/value head). Composed
@@ -33,7 +33,7 @@ import functools
 import torch
 
 from grpo_exp.base import log
-from grpo_exp.core import small_rows
+from grpo_exp.kernels import small_rows
 
 logger = log.get_logger(__name__)
 
@@ -323,7 +323,7 @@ def _run_attention(query, key, value, mask, scaling: float, chunks: int, span: i
 
 
 def composed_attention(query, key, value, mask, scaling: float, chunks: int) -> torch.Tensor:
-    """What decode_attention computes, op by op: torch's two products (oneDNN's on a CPU) around decode_softmax."""
+    """What decode_attention computes, op by op: torch's two products (oneDNN's on a CPU) around decode_attention."""
     scores = torch.matmul(key, query.transpose(2, 3))
     probs = decode_softmax(scores, mask, scaling, chunks)
     return torch.matmul(probs.transpose(2, 3), value)
@@ -333,7 +333,7 @@ def composed_attention(query, key, value, mask, scaling: float, chunks: int) -> 
 def agrees(mask_dtype: torch.dtype, group: int, dim: int, length: int, chunks: int, span: int | None = None) -> bool:
     """Whether the kernel (its value product summed per `span` rows; default VALUE_SPAN) computes composed_attention
     bit for bit at these sizes on this machine, checked once: a probe of enough heads of bf16 values over a wide range
-    of magnitudes that another order of a product's terms shows (tests/core/test_decode_softmax.py). Where it does
+    of magnitudes that another order of a product's terms shows (tests/kernels/test_decode_attention.py). Where it does
     not, a warning says so and the op composes torch's products instead."""
     span = span or VALUE_SPAN
     heads = max(8, min(2**17 // (group * dim), 2**24 // (length * dim)))

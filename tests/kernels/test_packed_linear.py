@@ -1,4 +1,4 @@
-"""core/packed_linear.py: a Linear whose bf16 weight oneDNN lays out once gives the plain Linear's outputs bit for
+"""kernels/packed_linear.py: a Linear whose bf16 weight oneDNN lays out once gives the plain Linear's outputs bit for
 bit, eager and inside a compiled graph, and follows its weight when packed again. On a CPU without native bf16
 the module says why it cannot pack, and oneDNN refuses the layout."""
 
@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from grpo_exp.core import packed_linear, small_rows
+from grpo_exp.kernels import packed_linear, small_rows
 
 CPU = torch.device("cpu")
 WHY = packed_linear.unsupported_reason(torch.bfloat16, CPU)

@@ -1,4 +1,4 @@
-"""train.logprob_kernel=autocast (core/logprob_head.py): TRL's log-probs, entropies and gradients, within rounding.
+"""train.logprob_kernel=autocast (kernels/logprob_head.py): TRL's log-probs, entropies and gradients, within rounding.
 
 In fp32 it must agree with an fp64 log-softmax to float precision, through every block of its loops; under
 bf16 autocast its gradient error against fp64 must be of the size of TRL's own kernel's (which also rounds the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_exp.core import logprob_head
+from grpo_exp.kernels import logprob_head
 
 N, H, V = 37, 16, 300  # N not a multiple of the (patched) block sizes: partial blocks run too
 

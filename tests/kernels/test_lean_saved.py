@@ -1,4 +1,4 @@
-"""train.saved_tensors=lean (core/lean_saved.py): the same log-probs and gradients, bit for bit, as autocast's own
+"""train.saved_tensors=lean (kernels/lean_saved.py): the same log-probs and gradients, bit for bit, as autocast's own
 forward and backward, with the weights' bf16 casts no longer held from the forward to the backward."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_exp.core import attention, lean_saved
+from grpo_exp.kernels import attention, lean_saved
 from grpo_exp.training import shared_prefix
 
 

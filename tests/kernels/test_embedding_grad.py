@@ -1,4 +1,4 @@
-"""core/embedding_grad.py: a tied embedding whose gradient comes as the rows its tokens touch gives every parameter
+"""kernels/embedding_grad.py: a tied embedding whose gradient comes as the rows its tokens touch gives every parameter
 the same gradient, bit for bit, as torch's dense embedding backward, through the shared-prefix scoring (two lookups
 a forward, left padding, repeated tokens); the weight's gradient stays dense; untied embeddings are left alone."""
 
@@ -9,7 +9,8 @@ import copy
 import torch
 import transformers
 
-from grpo_exp.core import embedding_grad, models
+from grpo_exp.core import models
+from grpo_exp.kernels import embedding_grad
 from grpo_exp.training import shared_prefix
 from tests.conftest import compose_cfg
 

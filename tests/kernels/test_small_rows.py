@@ -1,4 +1,4 @@
-"""core/small_rows.py: its kernel computes oneDNN's packed bf16 product bit for bit at a decoding step's few rows, for
+"""kernels/small_rows.py: its kernel computes oneDNN's packed bf16 product bit for bit at a decoding step's few rows, for
 the default model's shapes (with the span span_for finds), and a group's weights side by side; the comparison can
 fail: summed without the span, the LM head's outputs differ from oneDNN's."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_exp.core import small_rows
+from grpo_exp.kernels import small_rows
 from grpo_exp.training.rollout import compiler_missing
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""grpo_exp.core.attention: the grouped attention computes what transformers' eager attention computes, in
+"""grpo_exp.kernels.attention: the grouped attention computes what transformers' eager attention computes, in
 the forward and the backward, with padding; the trainer puts the chosen attention on the policy."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import torch
 
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.checks import validate
-from grpo_exp.core import attention, models
+from grpo_exp.core import models
+from grpo_exp.kernels import attention
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)

@@ -33,7 +33,7 @@ AVX512_BF16 = (torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_t
                and torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2"))
 MAX_ROWS = 64  # beyond, the weight is read once per 16 rows: oneDNN's blocked product is the better one
 
-# C++ shared with core/decode_softmax.py's attention kernel: the target attribute for AVX512-BF16 code, and a 16 x 16
+# C++ shared with core/decode_attention.py's attention kernel: the target attribute for AVX512-BF16 code, and a 16 x 16
 # transpose of 32-bit words
 BF16_HEADER = r"""
 #include <torch/csrc/inductor/cpp_prefix.h>

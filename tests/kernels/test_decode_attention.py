@@ -1,4 +1,4 @@
-"""core/decode_softmax.py: its C++ kernel computes what inductor's compiled softmax of a decoding step computes, bit
+"""kernels/decode_attention.py: its C++ kernel computes what inductor's compiled softmax of a decoding step computes, bit
 for bit, compared on fp32 outputs, where any other order of a sum shows: bf16 and fp32 scores, one and two threads,
 shapes on both sides of the size at which inductor splits each sum between threads. The same kernel with the other
 split gives other numbers, so each comparison can fail."""
@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_exp.core import decode_softmax, small_rows
+from grpo_exp.kernels import decode_attention, small_rows
 from grpo_exp.training.rollout import compiler_missing
 
 pytestmark = pytest.mark.skipif(compiler_missing() is not None, reason=f"inductor cannot compile: {compiler_missing()}")
 # the bit-for-bit tests: the kernel repeats one torch release's inductor, and under another it is not used
 needs_checked_torch = pytest.mark.skipif(
-    not decode_softmax.TORCH_CHECKED,
-    reason=f"the kernel repeats the inductor of torch {decode_softmax.CHECKED_TORCH}x (pinned), "
+    not decode_attention.TORCH_CHECKED,
+    reason=f"the kernel repeats the inductor of torch {decode_attention.CHECKED_TORCH}x (pinned), "
            f"not {torch.__version__}'s")
 
 
@@ -33,7 +33,7 @@ def _scores_and_mask(b: int, kv: int, g: int, length: int, dtype: torch.dtype, m
 
 
 def _inductors(scores, mask, scaling):
-    """Grouped attention's softmax of a decoding step (core/attention.py), compiled by inductor, fp32 out."""
+    """Grouped attention's softmax of a decoding step (kernels/attention.py), compiled by inductor, fp32 out."""
     b, kv, length, g = scores.shape
 
     def softmax(s, m):
@@ -62,13 +62,13 @@ def test_the_kernel_computes_inductors_softmax_bit_for_bit(threads, shape, dtype
         b, kv, g, length = shape
         scores = scores.view(b, kv, length, g)
         scaling = 64 ** -0.5
-        chunks = decode_softmax.sum_chunks(b * kv, g, length)
+        chunks = decode_attention.sum_chunks(b * kv, g, length)
         assert chunks == (threads if threads > 1 and b * kv * g * length // threads >= 512 else 1)
         expected = _inductors(scores, mask, scaling)
-        assert torch.equal(decode_softmax.decode_softmax(scores, mask, scaling, chunks, torch.float32), expected)
-        other = decode_softmax.decode_softmax(scores, mask, scaling, 2 if chunks == 1 else 1, torch.float32)
+        assert torch.equal(decode_attention.decode_softmax(scores, mask, scaling, chunks, torch.float32), expected)
+        other = decode_attention.decode_softmax(scores, mask, scaling, 2 if chunks == 1 else 1, torch.float32)
         assert not torch.equal(other, expected)  # the order of the sums shows in these numbers
-        probs = decode_softmax.decode_softmax(scores, mask, scaling, chunks)  # the op's own output dtype
+        probs = decode_attention.decode_softmax(scores, mask, scaling, chunks)  # the op's own output dtype
         assert probs.dtype == dtype and torch.equal(probs, expected.to(dtype))
     finally:
         torch.set_num_threads(before)
@@ -77,11 +77,11 @@ def test_the_kernel_computes_inductors_softmax_bit_for_bit(threads, shape, dtype
 def test_another_torch_release_keeps_inductors_kernel(monkeypatch):
     """Under a torch release other than the one whose inductor the kernel repeats, sum_chunks does not claim to
     know its split, so the compiled step keeps inductor's kernel (torch 2.11's rounded otherwise)."""
-    assert decode_softmax.checked_torch("2.13.0+cpu") and not decode_softmax.checked_torch("2.11.0+cu130")
+    assert decode_attention.checked_torch("2.13.0+cpu") and not decode_attention.checked_torch("2.11.0+cu130")
     monkeypatch.setattr(decode_softmax, "TORCH_CHECKED", True)
-    assert decode_softmax.sum_chunks(16, 3, 128) is not None  # the default model's at 16 rows, on an x86 CPU
+    assert decode_attention.sum_chunks(16, 3, 128) is not None  # the default model's at 16 rows, on an x86 CPU
     monkeypatch.setattr(decode_softmax, "TORCH_CHECKED", False)
-    assert decode_softmax.sum_chunks(16, 3, 128) is None
+    assert decode_attention.sum_chunks(16, 3, 128) is None
 
 
 def test_a_group_as_wide_as_a_vector_keeps_inductors_kernel():
@@ -90,10 +90,10 @@ def test_a_group_as_wide_as_a_vector_keeps_inductors_kernel():
 
     isa = pick_vec_isa()
     width = isa.nelements(torch.float) if isa else 16
-    assert decode_softmax.sum_chunks(16, width, 128) is None
+    assert decode_attention.sum_chunks(16, width, 128) is None
 
 
-needs_avx512_bf16 = pytest.mark.skipif(not decode_softmax._AVX512_BF16,
+needs_avx512_bf16 = pytest.mark.skipif(not decode_attention._AVX512_BF16,
                                        reason="decode_attention repeats oneDNN's AVX512-BF16 products (no AMX)")
 
 
@@ -128,28 +128,28 @@ def test_the_attention_kernel_computes_the_composed_attention_bit_for_bit(thread
         attended[0, length - tail:] = True  # a row whose whole cache is filled
         mask = torch.where(attended, 0.0, torch.finfo(mask_dtype).min).to(mask_dtype)[:, None, None, :]
         scaling = dim ** -0.5
-        chunks = decode_softmax.sum_chunks(b * kv, g, length)
+        chunks = decode_attention.sum_chunks(b * kv, g, length)
         scores = torch.matmul(key, query.transpose(2, 3))
-        probs = decode_softmax.decode_softmax(scores, mask, scaling, chunks)
+        probs = decode_attention.decode_softmax(scores, mask, scaling, chunks)
         expected = torch.matmul(probs.transpose(2, 3), value)
-        kernel = decode_softmax._run_attention(query, key, value, mask, scaling, chunks, decode_softmax.VALUE_SPAN)
+        kernel = decode_attention._run_attention(query, key, value, mask, scaling, chunks, decode_attention.VALUE_SPAN)
         assert torch.equal(kernel, expected)
-        assert decode_softmax.agrees(mask_dtype, g, dim, length, chunks)  # so the op itself runs the kernel
-        assert torch.equal(decode_softmax.decode_attention(query, key, value, mask, scaling, chunks), expected)
+        assert decode_attention.agrees(mask_dtype, g, dim, length, chunks)  # so the op itself runs the kernel
+        assert torch.equal(decode_attention.decode_attention(query, key, value, mask, scaling, chunks), expected)
     finally:
         torch.set_num_threads(before)
 
 
 def test_the_attention_kernel_is_used_for_bf16_heads_of_32_columns_alone():
-    assert not decode_softmax.attention_usable(torch.float32, 64)
-    assert not decode_softmax.attention_usable(torch.bfloat16, 16)
-    assert decode_softmax.attention_usable(torch.bfloat16, 64) == decode_softmax._AVX512_BF16
+    assert not decode_attention.attention_usable(torch.float32, 64)
+    assert not decode_attention.attention_usable(torch.bfloat16, 16)
+    assert decode_attention.attention_usable(torch.bfloat16, 64) == decode_attention._AVX512_BF16
 
 
 @needs_avx512_bf16
 def test_the_probe_finds_a_kernel_that_sums_in_another_order():
     """agrees() checks the kernel against torch's products before the op uses it: a kernel that sums the value product
     per 256 rows (oneDNN here: per 512) agrees below 256 rows and is caught beyond."""
-    assert decode_softmax.agrees(torch.bfloat16, 3, 64, 200, 2, span=256)
-    assert decode_softmax.agrees(torch.bfloat16, 3, 64, 800, 2)
-    assert not decode_softmax.agrees(torch.bfloat16, 3, 64, 800, 2, span=256)
+    assert decode_attention.agrees(torch.bfloat16, 3, 64, 200, 2, span=256)
+    assert decode_attention.agrees(torch.bfloat16, 3, 64, 800, 2)
+    assert not decode_attention.agrees(torch.bfloat16, 3, 64, 800, 2, span=256)

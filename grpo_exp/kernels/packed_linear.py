@@ -5,7 +5,7 @@ own blocked layout on every call. In decoding (16-32 rows) that reorder costs ab
 `grpo-profile --path engine --batch 16` measured 39.4 ms of Linear products per decoding step of the default model
 with plain weights and 27.8 ms with weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`; 2 cores,
 avx512_bf16; docs/log.md, "2026-11-28 — packed weights for the rollout copy"). The products are oneDNN's same kernel
-either way, so the outputs are equal bit for bit (tests/core/test_packed_linear.py).
+either way, so the outputs are equal bit for bit (tests/kernels/test_packed_linear.py).
 
 The packed weight is an opaque MKLDNN tensor, which inductor accepts only as a frozen constant; the rollout copy's
 weights change after every optimizer step. So the product is a custom op (`grpo_exp::packed_linear`) that
@@ -16,11 +16,11 @@ Products of one input with several packed weights (a layer's q, k and v; gate an
 step (`fuse_shared_inputs`, the compile backend `compile_fused`): the group's weights concatenated along the output
 and packed into a slot of the group's own, the outputs sliced back. oneDNN computes each output column from the same
 row and column whatever the width, and the outputs were equal bit for bit wherever compared
-(tests/core/test_packed_linear.py; the default model's decoding rounds, docs/log.md, "2026-11-29 — the decoding
+(tests/kernels/test_packed_linear.py; the default model's decoding rounds, docs/log.md, "2026-11-29 — the decoding
 softmax as one kernel and fused products"). A decoding step of the default model makes 121 products instead of 211.
 
 On a CPU with AVX512-BF16 and no AMX (small_rows.AVX512_BF16), the op computes a product of a few rows (a decoding
-step's) with core/small_rows.py's kernel from the layers' plain weights instead, the same numbers as oneDNN's packed
+step's) with kernels/small_rows.py's kernel from the layers' plain weights instead, the same numbers as oneDNN's packed
 product (the kernel's span is checked against oneDNN's own product before use), and no packed copy is laid out at
 all: `pack` only marks the weights, and an eager call with many rows (the prefill) is `F.linear` on the plain
 weight. oneDNN's packed product stays where the kernel does not apply (a bias, a shape it does not match, other
@@ -41,7 +41,7 @@ import weakref
 import torch
 
 from grpo_exp.base import cpu
-from grpo_exp.core import small_rows
+from grpo_exp.kernels import small_rows
 
 # slot -> the oneDNN-reordered weight of one PackedLinear (or of a group), or _PENDING: reordered from the layer's
 # current weight at its first use. A layer whose products the compiled step makes as a group's is left pending: it
@@ -62,7 +62,7 @@ _LIB.define("packed_linear(Tensor x, int slot, int out_features, Tensor? bias) -
 
 
 def packed_linear(x: torch.Tensor, slot: int, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ W.T + bias for the layer (or the group of layers) in slot `slot`: by core/small_rows.py's kernel from the
+    """x @ W.T + bias for the layer (or the group of layers) in slot `slot`: by kernels/small_rows.py's kernel from the
     plain weights where it computes oneDNN's numbers for these rows; otherwise by oneDNN from the weight packed in
     the slot (a group's: its layers' weights, packed at first use)."""
     weight = _PACKED.get(slot)

@@ -1,4 +1,4 @@
-"""core/small_rows.py's span cache: a span is found per shape and per thread count, so a sweep over cpu.threads in
+"""kernels/small_rows.py's span cache: a span is found per shape and per thread count, so a sweep over cpu.threads in
 one process never reuses a span checked under another count. The probe itself (which compiles the kernel) is
 replaced by one that records what it was asked: only the cache is under test here."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_exp.core import small_rows
+from grpo_exp.kernels import small_rows
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""core/lean_reference.py: a KL reference with bf16 Linear weights gives, under bf16 autocast, the logits and
+"""kernels/lean_reference.py: a KL reference with bf16 Linear weights gives, under bf16 autocast, the logits and
 shared-prefix log-probs of the fp32 reference bit for bit; the embedding and norms stay fp32; no tensor is left on
 the model file's memory map; and where its forwards run without autocast it is left alone."""
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 from trl.trainer.utils import create_model_from_path
 
-from grpo_exp.core import lean_reference, models
+from grpo_exp.core import models
+from grpo_exp.kernels import lean_reference
 from grpo_exp.training import shared_prefix
 from tests.conftest import compose_cfg
 

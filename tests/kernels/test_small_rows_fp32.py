@@ -1,6 +1,6 @@
-"""core/small_rows.py's fp32 kernel: each output is one chain of fused multiply-adds per span, as computed here by
+"""kernels/small_rows.py's fp32 kernel: each output is one chain of fused multiply-adds per span, as computed here by
 hand; where torch's kernels are AVX2's it repeats MKL's product of a decoding step's rows bit for bit (with the span
-span_for finds); and the fp32 layers of core/packed_linear.py give the plain Linear's outputs, eager and compiled,
+span_for finds); and the fp32 layers of kernels/packed_linear.py give the plain Linear's outputs, eager and compiled,
 alone and in groups, with or without the kernel. The kernel needs only AVX2 and FMA, so it runs on every x86 CPU
 torch picks AVX2 or AVX-512 kernels for; `F32_AVX2` says where it is used."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_exp.core import packed_linear, small_rows
+from grpo_exp.kernels import packed_linear, small_rows
 from grpo_exp.training.rollout import compiler_missing
 
 pytestmark = [
