@@ -18,6 +18,7 @@ def validate(cfg: Any) -> None:
     for group, schema in GROUPS.items():
         schema.check(cfg[group])
     RunConfig.check(cfg)
+    _check_speed(cfg)
     stage, ev = cfg.stage, cfg.eval
     if ev.forgetting_sets and not cfg.get("init_from"):
         raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} measures forgetting of a previous stage, "
@@ -31,6 +32,16 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"eval set '{stage.name}' holds {size} {ev.split} problems (stage.num_{ev.split}) "
                           f"but {ev.limit} were asked for (eval.limit={ev.limit}); lower the limit or raise "
                           f"stage.num_{ev.split}")
+
+
+def _check_speed(cfg: Any) -> None:
+    """The speed rules that read the recipe (train.*) or the machine."""
+    train, speed = cfg.train, cfg.speed
+    # TRL's own rule for importance-corrected rollouts, which it checks only when use_vllm is set
+    if (speed.generation in ("engine", "auto") and speed.is_correction and train.loss_type == "vespo"
+            and not speed.is_mode.startswith("token")):
+        raise ConfigError(f"train.loss_type=vespo needs a token-level speed.is_mode (token_truncate or token_mask), "
+                          f"not {speed.is_mode}")
 
 
 def init_chain(init_from: str | None):

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.text import error_line
 
+from grpo_exp.config.speed import check_moved
 from grpo_exp.config.options import CONF_DIR, group_options, groups as _groups
 
 
@@ -141,6 +142,7 @@ def compose_error(config_name: str, overrides: list[str], err: Exception) -> str
     bad = max(named, key=lambda a: len(a.split("=", 1)[0]), default=None)
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and bad:
         key = bad.split("=", 1)[0].lstrip("+~")
+        check_moved([key])
         return f"unknown config key '{key}'{_valid_keys(config_name, key)}"
     return error_line(err, chain=True)
 
@@ -152,6 +154,7 @@ def check_overrides(config_name: str, args: list[str], validate: Callable | None
     and before Hydra creates a run directory.
     """
     multirun = any(a in ("-m", "--multirun") for a in args)
+    check_moved(args)
     check_group_choices(args, multirun)
     check_launcher(args)
     if multirun or any(a.startswith("-") for a in args):

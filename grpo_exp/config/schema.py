@@ -24,7 +24,8 @@ from grpo_exp.base import dist
 from grpo_exp.base.cpu import PRECISIONS, resolve_malloc, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.log import LEVELS
-from grpo_exp.core import copy_kinds, data
+from grpo_exp.config.speed import SpeedConfig
+from grpo_exp.core import data
 
 
 def require(ok: bool, message: str) -> None:
@@ -230,71 +231,6 @@ class TrainConfig:
     # auto: bf16 autocast where the hardware computes bf16 natively (CUDA, AVX512-BF16, AMX), else fp32
     precision: str = MISSING
     gradient_checkpointing: bool = False
-    # Score each distinct prompt once per batch instead of once per completion (training/shared_prefix.py):
-    # the same log-probs and gradients as TRL's forward, with less work. Off when gradient checkpointing is on.
-    shared_prefix: bool = True
-    # The trained policy's attention: sdpa or eager (transformers' own), grouped (kernels/attention.py: query heads
-    # grouped by the key/value head they share; a shorter step on CPUs), or auto (grouped on a CPU, sdpa on CUDA; the
-    # default, chosen with the rollout engine below: docs/log.md, "2026-11-27 — the engine with grouped attention")
-    attention: str = "auto"
-    # How grouped attention (the policy's with attention=grouped, and always the rollout engine's copy) lays out a
-    # decoding step's scores: cache_axis ([b, kv, L, g], the default) or last_axis ([b, kv, g, L]: a shorter compiled
-    # decoding step, other bf16 rounding, so opt-in until seeds show it; docs/log.md, "2026-11-28 —
-    # train.attention_decode=last_axis")
-    attention_decode: str = "cache_axis"
-    # The LM head's log-probs in the shared-prefix scoring: trl (TRL's chunked kernel; on a CPU its gradient GEMMs run
-    # in fp32), autocast (kernels/logprob_head.py: the same forward, its products kept for the backward, gradient GEMMs
-    # in the autocast dtype as for every other layer, fp32 without autocast; a 25% shorter default step with native
-    # bf16; in fp32 a lower memory peak and a step up to 1.2x as fast; docs/performance.md, "Speed switches"), or auto
-    # (autocast on a CPU, trl on CUDA; the default under bf16 since 2026-11-27: seeds 42, 1, 3 and 2 of the default
-    # run scored 0.465, 0.480, 0.455 and 0.465 with it against 0.460, 0.445, 0.410 and 0.495 with trl; in fp32 since
-    # 2026-11-29: docs/log.md, "2026-11-29 — grpo-exp's LM head in fp32 training scores")
-    logprob_kernel: str = "auto"
-    # What the training forward keeps for its backward under bf16 autocast: lean (kernels/lean_saved.py: each Linear
-    # weight's bf16 cast is made again in the backward instead of held from the forward, an activation cast for
-    # several layers is saved once, RMSNorm's and SwiGLU's elementwise outputs are computed again; the same
-    # gradients bit for bit, a lower memory peak), plain (autograd's own), or auto (lean under bf16 training
-    # without gradient checkpointing, whose own hooks decide what is kept)
-    saved_tensors: str = "auto"
-    # Who samples the completions: trl (TRL's `generate`), engine (training/rollout.py: a rollout copy of the policy
-    # in rollout_dtype, static KV cache, compiled decoding step; see docs/performance.md, "The rollout engine"), or
-    # auto (the engine on a CPU: a bf16 copy where bf16 is native, an exact fp32 copy elsewhere; trl on CUDA; the
-    # default: it brings the default run under its 20-minute budget on slower-memory CPUs: docs/log.md, "2026-11-27 —
-    # the engine with grouped attention")
-    rollout: str = "auto"
-    # The engine's copy of the policy: bf16 (every weight bf16), fp32, autocast (bf16 Linear weights, the rest fp32,
-    # run under bf16 autocast: what bf16 training computes, so its log-probs replace TRL's scoring forward; faster,
-    # not the default: docs/log.md, "2026-11-28 — the autocast copy"); auto: bf16 where the hardware computes it
-    # natively, else fp32 (core/copy_kinds.py)
-    rollout_dtype: str = "auto"
-    rollout_compile: Any = "auto"  # auto/true: torch.compile the decoding step where a C++ compiler is; false: eager
-    # the copy's Linear products without a weight reorder on every call (kernels/packed_linear.py; the same numbers): a
-    # decoding step's by grpo-exp's kernel from the plain weights on AVX512-BF16 (kernels/small_rows.py), oneDNN's from
-    # weights laid out once per round elsewhere; auto/true: where the copy is bf16 and the CPU computes bf16 natively,
-    # or the copy is fp32 and torch's kernels are AVX2's (small_rows' fp32 kernel, MKL's numbers) (true: an error
-    # elsewhere)
-    rollout_prepack: Any = "auto"
-    # cdf: one uniform number per row (fast); multinomial: generate's draws (the same tokens under the same seed)
-    rollout_sampler: str = "cdf"
-    # engine: weigh each token's loss by pi_train / pi_sampler (TRL's vLLM correction), capped at rollout_is_cap,
-    # per token or per sequence, truncated or masked (TRL's vllm_importance_sampling_mode)
-    rollout_is_correction: bool = True
-    rollout_is_mode: str = "token_truncate"
-    rollout_is_cap: float = 3.0
-    # engine: PPO's old log-probs from a scoring forward of the policy (policy, with the correction above) or the
-    # sampler's own (sampler: no forward, no correction); auto: sampler where the copy computes what the policy
-    # computes (an fp32 copy under fp32 training, an autocast copy under bf16), policy elsewhere
-    # (training/rollout.py, old_logps_source)
-    rollout_old_logps: str = "auto"
-    # engine, with the policy's old log-probs and the correction: round (TRL's: one scoring forward over each
-    # round before training on it) or batch (training/trainer.py, _score_round: the batches trained before the
-    # next optimizer step take them from their own training forward, only the later ones are scored first; the
-    # same old log-probs, so the same losses, with half the default's scoring forward; the default)
-    rollout_scoring: str = "batch"
-    # The KL reference (beta > 0) with its Linear weights stored in bf16 and off the model file's memory map, where
-    # its forwards run under bf16 autocast: the same log-probs bit for bit, about 200 MB less resident for the
-    # default model (kernels/lean_reference.py); false: as TRL loads it
-    lean_reference: bool = True
     logging_steps: int = 1
     save_steps: int = MISSING
     save_total_limit: Optional[int] = MISSING
@@ -303,16 +239,6 @@ class TrainConfig:
 
     LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
     REWARD_SCALINGS = ("group", "batch", "none")
-    ROLLOUTS = ("auto", "trl", "engine")
-    ATTENTIONS = ("auto", "sdpa", "grouped", "eager")
-    ATTENTION_DECODES = ("cache_axis", "last_axis")
-    LOGPROB_KERNELS = ("auto", "trl", "autocast")
-    SAVED_TENSORS = ("auto", "lean", "plain")
-    ROLLOUT_DTYPES = copy_kinds.KINDS
-    ROLLOUT_SAMPLERS = ("cdf", "multinomial")
-    IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-    OLD_LOGPS = ("auto", "policy", "sampler")
-    ROLLOUT_SCORINGS = ("round", "batch")
 
     @staticmethod
     def check(train: Any) -> None:
@@ -329,40 +255,6 @@ class TrainConfig:
         require_choice("train.precision", train.precision, PRECISIONS)
         require_choice("train.loss_type", train.loss_type, TrainConfig.LOSS_TYPES)
         require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)
-        require_choice("train.rollout", train.rollout, TrainConfig.ROLLOUTS)
-        require_choice("train.attention", train.attention, TrainConfig.ATTENTIONS)
-        require_choice("train.attention_decode", train.attention_decode, TrainConfig.ATTENTION_DECODES)
-        require_choice("train.logprob_kernel", train.logprob_kernel, TrainConfig.LOGPROB_KERNELS)
-        require_choice("train.saved_tensors", train.saved_tensors, TrainConfig.SAVED_TENSORS)
-        require(not (train.saved_tensors == "lean" and train.gradient_checkpointing),
-                "train.saved_tensors=lean cannot be met with train.gradient_checkpointing=true (checkpointing decides "
-                "what the forward keeps); choose one of: auto, plain")
-        require_choice("train.rollout_dtype", train.rollout_dtype, TrainConfig.ROLLOUT_DTYPES)
-        require_choice("train.rollout_sampler", train.rollout_sampler, TrainConfig.ROLLOUT_SAMPLERS)
-        require_choice("train.rollout_is_mode", train.rollout_is_mode, TrainConfig.IS_MODES)
-        require_choice("train.rollout_old_logps", train.rollout_old_logps, TrainConfig.OLD_LOGPS)
-        require_choice("train.rollout_scoring", train.rollout_scoring, TrainConfig.ROLLOUT_SCORINGS)
-        require(train.rollout_compile in ("auto", True, False),
-                f"train.rollout_compile={train.rollout_compile!r} is not valid; choose one of: auto, true, false")
-        require(train.rollout_prepack in ("auto", True, False),
-                f"train.rollout_prepack={train.rollout_prepack!r} is not valid; choose one of: auto, true, false")
-        if train.rollout_prepack is True and train.rollout != "trl":  # asked for: say before the model loads
-            import torch
-
-            from grpo_exp.kernels import packed_linear
-
-            # the Linear weights' dtype in the copy the engine will make
-            dtype = copy_kinds.weight_dtype(copy_kinds.kind(train.rollout_dtype))
-            why = packed_linear.unsupported_reason(dtype, torch.device("cpu"))
-            require(why is None, f"train.rollout_prepack=true cannot be met here: {why}; choose one of: auto, false")
-        # TRL's own rule for vLLM rollouts, which it checks only when use_vllm is set
-        require(not (train.rollout in ("engine", "auto") and train.rollout_is_correction and train.loss_type == "vespo"
-                     and not train.rollout_is_mode.startswith("token")),
-                f"train.loss_type=vespo needs a token-level train.rollout_is_mode (token_truncate or token_mask), "
-                f"not {train.rollout_is_mode}")
-        require(math.isfinite(train.rollout_is_cap) and train.rollout_is_cap >= 1,
-                f"train.rollout_is_cap={train.rollout_is_cap} must be a finite number >= 1 (the largest weight "
-                f"pi_train / pi_sampler a token or sequence keeps)")
         gen_batch, _ = generation_batch(train)
         if gen_batch % train.num_generations:
             divisors = [d for d in range(2, gen_batch + 1) if gen_batch % d == 0]
@@ -586,6 +478,7 @@ class RunConfig:
     peft: PeftConfig = field(default_factory=PeftConfig)
     cpu: CpuConfig = field(default_factory=CpuConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -629,7 +522,7 @@ class EvaluateRunConfig(RunConfig):
 
 # group name -> schema, in the order validate checks them
 GROUPS = {"model": ModelConfig, "stage": StageConfig, "quantization": QuantizationConfig, "peft": PeftConfig,
-          "logger": LoggerConfig, "cpu": CpuConfig, "train": TrainConfig, "ewc": EwcConfig, "eval": EvalConfig,
+          "logger": LoggerConfig, "cpu": CpuConfig, "train": TrainConfig, "speed": SpeedConfig, "ewc": EwcConfig, "eval": EvalConfig,
           "curriculum": CurriculumConfig, "reward": RewardConfig}
 
 

@@ -67,31 +67,14 @@ class RunLock:
 RESOLVED = "resolved."
 
 
-def resolved_choices(cfg: Any) -> dict[str, str]:
+def resolved_choices(cfg: Any) -> dict[str, Any]:
     """What each machine-dependent choice of the training settings resolves to in this process (this machine
-    and this grpo-exp version): `auto` picks bf16 or fp32, the engine or TRL's generate, a kernel, by
-    hardware, and a later version may pick otherwise. The copy's kind and the old log-probs' source only
-    where the engine samples."""
-    import torch
+    and this grpo-exp version): the precision, and each speed.* key as the speed plan (config/speed.py) resolved
+    it. The plan's derived fields (shared_prefix, saved_tensors, ...) go to speed_plan.json."""
+    from grpo_exp.config.speed import resolve
 
-    from grpo_exp.base.cpu import resolve_precision
-    from grpo_exp.core import copy_kinds
-    from grpo_exp.kernels import attention, lean_saved, logprob_head
-    from grpo_exp.training import rollout
-
-    train = cfg.train
-    precision = resolve_precision(train.precision)
-    out = {"train.precision": precision, "train.rollout": rollout.resolve(train.rollout),
-           "train.attention": attention.resolve(train.attention),
-           "train.logprob_kernel": logprob_head.resolve(train.logprob_kernel,
-                                                        "cuda" if torch.cuda.is_available() else "cpu"),
-           "train.saved_tensors": lean_saved.resolve(train.saved_tensors, bf16=precision == "bf16",
-                                                     checkpointing=bool(train.gradient_checkpointing))}
-    if out["train.rollout"] == "engine":
-        out["train.rollout_dtype"] = copy_kinds.kind(train.rollout_dtype)
-        out["train.rollout_old_logps"] = rollout.old_logps_source(train.rollout_old_logps, train.rollout_dtype,
-                                                                  train.precision)
-    return out
+    plan = resolve(cfg.speed, cfg.train).record()
+    return {"train.precision": plan["speed.precision"], **{k: v for k, v in plan.items() if k[6:] in cfg.speed}}
 
 
 def training_settings(cfg: Any) -> dict[str, Any]:
@@ -136,6 +119,7 @@ def differences(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
     A choice both records resolved is compared by what it resolved to: `auto` that picked bf16 at the start and
     fp32 here (another machine) is a change, and naming the value it picked (train.precision=bf16) is not. A
     record from before resolved choices were kept compares the values as given."""
+    then = renamed(then)
     resolved = {k[len(RESOLVED):] for k in then if k.startswith(RESOLVED) and k in now}
     changed = [f"{k} ({then[k]!r} resolved to {then[RESOLVED + k]!r} at the start -> {now[k]!r} resolves to "
                f"{now[RESOLVED + k]!r} here; {k}={then[RESOLVED + k]} trains as it started)"
@@ -152,10 +136,27 @@ def differences(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 _NO_DEFAULT = object()
 # Options whose default changed after they were added: a run recorded before the option existed trained as
-# this value does, not as today's default. train.rollout: TRL's generate until the engine became `auto`'s;
-# train.attention: the model's own sdpa before the option (grouped is auto's on a CPU); train.logprob_kernel:
+# this value does, not as today's default. speed.generation: TRL's generate until the engine became `auto`'s;
+# speed.attention: the model's own sdpa before the option (grouped is auto's on a CPU); speed.logprob_kernel:
 # TRL's kernel, its first default
-BEFORE_THE_OPTION = {"train.rollout": "trl", "train.attention": "sdpa", "train.logprob_kernel": "trl"}
+BEFORE_THE_OPTION = {"speed.generation": "trl", "speed.attention": "sdpa", "speed.logprob_kernel": "trl"}
+
+
+def renamed(record: dict[str, Any]) -> dict[str, Any]:
+    """A record from before the speed node: each speed switch under its speed.* key (config/speed.MOVED); the five
+    exact shortcuts, now one switch, are dropped (what they computed is the same by definition)."""
+    from grpo_exp.config.speed import MOVED
+
+    out = {}
+    for key, value in record.items():
+        prefix = RESOLVED if key.startswith(RESOLVED) else ""
+        base = key[len(prefix):]
+        moved = MOVED.get(base[len("train."):]) if base.startswith("train.") else None
+        if moved is None:
+            out[key] = value
+        elif moved != "speed.exact_shortcuts":
+            out[prefix + moved] = value
+    return out
 
 
 def _schema_default(key: str) -> Any:

@@ -1,0 +1,212 @@
+"""The speed config (`speed=auto|trl`, `speed.*`) and the one function that turns it into a frozen plan.
+
+Every `auto` of the speed settings is resolved here, once per run, against the precision and the machine:
+`resolve(cfg)` returns a `SpeedPlan` whose fields hold only concrete choices. The settings record
+(training/run_dir), the trainer and the rollout engine all read that plan, so what is recorded is what ran.
+Speed changes how fast a run computes, never the GRPO recipe (train.*). `speed=trl` is plain TRL's path:
+TRL's `generate`, sdpa attention, TRL's log-prob kernel, none of grpo-exp's kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_exp.base import cpu
+from grpo_exp.base.errors import ConfigError
+
+GENERATIONS = ("auto", "trl", "engine")
+ATTENTIONS = ("auto", "sdpa", "grouped", "eager")
+ATTENTION_DECODES = ("cache_axis", "last_axis")
+LOGPROB_KERNELS = ("auto", "trl", "autocast")
+ROLLOUT_DTYPES = ("auto", "autocast", "bf16", "fp32")
+ROLLOUT_SAMPLERS = ("cdf", "multinomial")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+OLD_LOGPS = ("auto", "policy", "sampler")
+TRISTATE = ("auto", True, False)
+
+# the speed switches that were train.* keys: an override of one of them fails naming its new key
+MOVED = {
+    "rollout": "speed.generation", "attention": "speed.attention", "attention_decode": "speed.attention_decode",
+    "logprob_kernel": "speed.logprob_kernel", "rollout_dtype": "speed.rollout_dtype",
+    "rollout_compile": "speed.rollout_compile", "rollout_sampler": "speed.rollout_sampler",
+    "rollout_is_correction": "speed.is_correction", "rollout_is_mode": "speed.is_mode",
+    "rollout_is_cap": "speed.is_cap", "rollout_old_logps": "speed.old_logps",
+    # the five that compute the same numbers by other means are one switch now
+    "shared_prefix": "speed.exact_shortcuts", "saved_tensors": "speed.exact_shortcuts",
+    "rollout_prepack": "speed.exact_shortcuts", "rollout_scoring": "speed.exact_shortcuts",
+    "lean_reference": "speed.exact_shortcuts",
+}
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _choice(key: str, value: Any, choices: tuple) -> None:
+    shown = ", ".join(str(c).lower() if isinstance(c, bool) else c for c in choices)
+    # 1 == True in Python: a tri-state takes "auto" or a real bool, nothing else
+    ok = (value == "auto" or isinstance(value, bool)) if choices == TRISTATE else value in choices
+    _require(ok, f"speed.{key}={value!r} is not valid; choose one of: {shown}")
+
+
+@dataclass
+class SpeedConfig:
+    """How a run computes (conf/speed/): which sampler, attention and kernels, never what it trains."""
+
+    name: str = "auto"
+    # who samples the completions: engine (training/rollout: a rollout copy of the policy, static KV cache, compiled
+    # decoding step), trl (TRL's `generate`), auto (the engine on a CPU, trl on CUDA)
+    generation: str = "auto"
+    # the trained policy's attention: grouped (kernels/attention.py), sdpa or eager (transformers'), auto (grouped
+    # on a CPU, sdpa on CUDA)
+    attention: str = "auto"
+    # how grouped attention lays out a decoding step's scores: cache_axis, or last_axis (other bf16 rounding)
+    attention_decode: str = "cache_axis"
+    # the LM head's log-probs in the shared-prefix scoring: autocast (kernels/logprob_head.py), trl (TRL's
+    # chunked kernel), auto (autocast on a CPU, trl on CUDA)
+    logprob_kernel: str = "auto"
+    # the engine's copy of the policy: bf16, fp32, autocast (bf16 Linear weights under bf16 autocast), auto
+    # (bf16 where the hardware computes it natively, else fp32)
+    rollout_dtype: str = "auto"
+    # torch.compile the engine's decoding step: auto (where a C++ compiler is), true, false
+    rollout_compile: Any = "auto"
+    # cdf: one uniform number per row; multinomial: generate's draws (the same tokens under the same seed)
+    rollout_sampler: str = "cdf"
+    # PPO's old log-probs on the engine's path: policy (a scoring forward, with the correction below), sampler
+    # (the copy's own, no forward, no correction), auto (sampler where the copy computes what the policy does)
+    old_logps: str = "auto"
+    # weigh each token's loss by pi_train / pi_sampler (TRL's vLLM correction), capped at is_cap
+    is_correction: bool = True
+    is_mode: str = "token_truncate"
+    is_cap: float = 3.0
+    # Shortcuts that compute the same numbers by other means (tests hold each): each distinct prompt scored once
+    # (training/shared_prefix.py), lean saved tensors under bf16 (kernels/lean_saved.py), packed rollout weights
+    # (kernels/packed_linear.py), old log-probs from each batch's own training forward, and a bf16 KL reference
+    # (kernels/lean_reference.py). false: TRL's own way for all five.
+    exact_shortcuts: bool = True
+
+    @staticmethod
+    def check(speed: Any) -> None:
+        _choice("generation", speed.generation, GENERATIONS)
+        _choice("attention", speed.attention, ATTENTIONS)
+        _choice("attention_decode", speed.attention_decode, ATTENTION_DECODES)
+        _choice("logprob_kernel", speed.logprob_kernel, LOGPROB_KERNELS)
+        _choice("rollout_dtype", speed.rollout_dtype, ROLLOUT_DTYPES)
+        _choice("rollout_compile", speed.rollout_compile, TRISTATE)
+        _choice("rollout_sampler", speed.rollout_sampler, ROLLOUT_SAMPLERS)
+        _choice("old_logps", speed.old_logps, OLD_LOGPS)
+        _choice("is_mode", speed.is_mode, IS_MODES)
+        _require(math.isfinite(speed.is_cap) and speed.is_cap >= 1,
+                 f"speed.is_cap={speed.is_cap} must be a finite number >= 1 (the largest weight pi_train / pi_sampler "
+                 f"a token or sequence keeps)")
+
+
+@dataclass(frozen=True)
+class SpeedPlan:
+    """Every speed choice of a run, resolved: no field holds `auto`."""
+
+    precision: str  # bf16 | fp32: what training computes in
+    device: str  # cpu | cuda
+    generation: str  # engine | trl
+    attention: str  # grouped | sdpa | eager
+    attention_decode: str
+    logprob_kernel: str  # autocast | trl
+    shared_prefix: bool
+    saved_tensors: str  # lean | plain
+    lean_reference: bool
+    scoring: str  # batch | round: where the engine's old log-probs of a round's batches come from
+    # the engine's, None on TRL's path
+    rollout_dtype: str | None
+    rollout_compile: bool
+    rollout_prepack: bool
+    rollout_sampler: str
+    old_logps: str | None  # policy | sampler
+    is_correction: bool
+    is_mode: str
+    is_cap: float
+
+    def record(self) -> dict[str, Any]:
+        """The plan as flat `speed.<field>` keys (the settings record and speed_plan.json)."""
+        return {f"speed.{k}": v for k, v in dataclasses.asdict(self).items()}
+
+    def weight_dtype(self):
+        """The torch dtype of the rollout copy's Linear weights: fp32 for the fp32 copy, else bf16."""
+        import torch
+
+        return torch.float32 if self.rollout_dtype == "fp32" else torch.bfloat16
+
+
+def copy_kind(rollout_dtype: str, precision: str) -> str:
+    """The rollout copy `speed.rollout_dtype` asks for. auto: the machine's native dtype (bf16 where it is native,
+    else fp32). The autocast copy is faster under bf16 training (its log-probs replace TRL's scoring forward) but is
+    not auto's choice: in its seeds check one of the default run's seeds collapsed (docs/log.md)."""
+    if rollout_dtype != "auto":
+        return rollout_dtype
+    return "bf16" if precision == "bf16" else "fp32"
+
+
+def old_logps_source(choice: str, kind: str, precision: str) -> str:
+    """Where PPO's old log-probs come from on the engine's path: auto takes the sampler's own where the copy
+    computes what the policy computes (an fp32 copy under fp32 training, an autocast copy under bf16), else a
+    scoring forward of the policy with the importance-sampling correction."""
+    if choice != "auto":
+        return choice
+    return "sampler" if (kind, precision) in {("fp32", "fp32"), ("autocast", "bf16")} else "policy"
+
+
+def _prepack(kind: str, device: str, shortcuts: bool) -> bool:
+    """Packed Linear weights in the rollout copy, where the machine supports them (kernels/packed_linear.py)."""
+    if not shortcuts or device != "cpu":
+        return False
+    import torch
+
+    from grpo_exp.kernels import packed_linear
+
+    dtype = torch.float32 if kind == "fp32" else torch.bfloat16
+    return packed_linear.unsupported_reason(dtype, torch.device("cpu")) is None
+
+
+def resolve(speed: Any, train: Any, device: str | None = None) -> SpeedPlan:
+    """The plan of `speed` (the speed node) for training `train` (train.precision, gradient_checkpointing) on this
+    machine (`device`: cuda where torch sees one, else cpu)."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = cpu.resolve_precision(train.precision)
+    checkpointing = bool(train.gradient_checkpointing)
+    shortcuts = bool(speed.exact_shortcuts)
+    generation = speed.generation if speed.generation != "auto" else ("trl" if device == "cuda" else "engine")
+    engine = generation == "engine"
+    kind = copy_kind(speed.rollout_dtype, precision) if engine else None
+    if speed.rollout_compile == "auto":
+        compile_step = engine and (device != "cpu" or cpu.compiler_missing() is None)
+    else:
+        compile_step = engine and bool(speed.rollout_compile)
+    return SpeedPlan(
+        precision=precision, device=device, generation=generation,
+        attention=speed.attention if speed.attention != "auto" else ("sdpa" if device == "cuda" else "grouped"),
+        attention_decode=speed.attention_decode,
+        logprob_kernel=(speed.logprob_kernel if speed.logprob_kernel != "auto"
+                        else ("trl" if device == "cuda" else "autocast")),
+        shared_prefix=shortcuts and not checkpointing,
+        saved_tensors="lean" if shortcuts and precision == "bf16" and not checkpointing else "plain",
+        lean_reference=shortcuts, scoring="batch" if shortcuts else "round",
+        rollout_dtype=kind, rollout_compile=compile_step,
+        rollout_prepack=engine and _prepack(kind, device, shortcuts),
+        rollout_sampler=speed.rollout_sampler,
+        old_logps=old_logps_source(speed.old_logps, kind, precision) if engine else None,
+        is_correction=bool(speed.is_correction), is_mode=speed.is_mode, is_cap=float(speed.is_cap))
+
+
+def check_moved(overrides: list[str]) -> None:
+    """One line for an override that names a speed switch by its old train.* key."""
+    for item in overrides:
+        key = item.lstrip("+~").split("=", 1)[0]
+        if key.startswith("train.") and key[len("train."):] in MOVED:
+            raise ConfigError(f"{key} has moved: set {MOVED[key[len('train.'):]]} instead (speed=trl is plain TRL's "
+                              f"path; docs/performance.md, 'Speed switches')")
