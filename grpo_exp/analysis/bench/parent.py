@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
+from grpo_exp.analysis import provenance
 from grpo_exp.analysis.bench.floor import machine_info, machine_limits, step_floor
-from grpo_exp.analysis.bench.tables import (PROFILE_PARTS, plot_rewards, profile_table, ratios, round_ratios,
-                                            rounds_table, table)
+from grpo_exp.analysis.bench.tables import PROFILE_PARTS, plot_rewards, ratios, round_ratios, sections
 
 ROOT = Path(__file__).resolve().parents[3]
 BASELINES = ("fp32", "trl-defaults")
@@ -140,6 +142,9 @@ def run(args) -> int:
     """Run every variant of the benchmark `args` (see apps/bench.py) asks for; returns the exit code."""
     out_dir = Path(args.out) if args.out else ROOT / "outputs" / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out_dir.mkdir(parents=True, exist_ok=True)
+    started = datetime.now(timezone.utc)
+    command = shlex.join(["grpo-bench", *getattr(args, "argv", sys.argv[1:])])
+    commit = provenance.repo_commit()
     base_spec = {"common": common_overrides(args), "threads": args.threads, "steps": args.steps,
                  "warmup": args.warmup, "profile": args.profile, "reward_curve_steps": args.reward_curve_steps,
                  "prompts_per_step": args.prompts_per_step, "fixed_length": args.fixed_length}
@@ -176,8 +181,13 @@ def run(args) -> int:
     orders = round_orders(list(variants), args.rounds) if args.rounds > 1 else None
     rounds_vs = {b: {n: round_ratios(results[b], r) for n, r in results.items()} for b in ratios_vs} if orders else {}
     report = {
-        "command": " ".join(["grpo-bench", *sys.argv[1:]]),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
+        "command": command,
+        # the code's commit when the bench started, its start and end (UTC), and the libraries it ran with
+        "commit": commit,
+        "started": started.isoformat(timespec="seconds"),
+        "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": provenance.versions(),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out", "argv", "page", "machine")},
         "machine": machine_info(),
         "machine_limits": limits,
         "variants": {n: {k: v for k, v in r.items() if k not in ("steps", "profile_steps")} for n, r in results.items()},
@@ -196,25 +206,30 @@ def run(args) -> int:
             report["reward_curve_png"] = str(out_dir / "reward_curve.png")
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
 
-    main_table = table(results, ratio_of, ratios_vs)
+    found = sections(report)
     md = ["# Benchmark: grpo-exp vs plain TRL GRPOTrainer\n", f"`{report['command']}`\n",
           f"Machine: {report['machine']}; GEMM peak fp32 {limits['gemm_gflops']['fp32']:.0f} / bf16 "
           f"{limits['gemm_gflops']['bf16']:.0f} GFLOP/s, memory read {limits['read_gb_s']:.1f} GB/s "
-          f"({args.threads} threads)\n", main_table, ""]
-    rounds_md = rounds_table(results, rounds_vs, orders) if orders else ""
-    if rounds_md:
-        md += ["## Rounds\n", rounds_md, ""]
-    prof = profile_table(results)
-    if prof:
-        md += ["## Profile\n", prof, ""]
+          f"({args.threads} threads)\n"]
+    for section in found:  # the main table first, under the header; the others under their titles
+        md += ([] if section.name == "bench" else [f"## {section.title}\n"]) + [section.markdown, ""]
+        print("\n" + section.markdown)
     (out_dir / "bench.md").write_text("\n".join(md) + "\n")
-    print("\n" + main_table)
-    if rounds_md:
-        print("\n" + rounds_md)
-    if prof:
-        print("\n" + prof)
     print(f"\n[bench] wrote {out_dir / 'bench.json'} and bench.md")
+    if getattr(args, "page", None):
+        from grpo_exp.analysis.bench.page import write_page
+
+        written = write_page(out_dir, args.page, args.machine, tool="grpo-bench", shown_dir=shown(out_dir))
+        print(f"[bench] results page: {written}")
     return 0 if all(r.get("status") == "ok" for r in results.values()) else 1
+
+
+def shown(path: Path) -> str:
+    """`path` as a page shows it: relative to the working directory when it lies under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:

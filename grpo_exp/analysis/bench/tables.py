@@ -1,13 +1,17 @@
 """The bench's figures for reading: each variant's ratios to a baseline (whole runs and round by round), the
-main table, the rounds table, the profile tables (time and peak-RSS rise by part of a step), and the reward
-curves' plot."""
+main table, the rounds table, the profile tables (time and peak-RSS rise by part of a step), the floor
+table, and the reward curves' plot; `sections` makes every table of a bench from its bench.json alone
+(bench.md and the results page show the same)."""
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 PROFILE_PARTS = ("generation", "old_logprobs", "rewards", "policy_forward", "extra_loss", "backward", "optimizer")
+# the tables of a bench (Section.name), as `grpo-report <bench dir> --table NAME` names them
+NAMES = ("bench", "rounds", "profile", "floor")
 
 
 def ratios(base: dict, other: dict) -> dict:
@@ -137,3 +141,76 @@ def plot_rewards(results: dict, path: Path) -> bool:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def floor_table(results: dict, limits: dict) -> str:
+    """The machine's measured limits in one line, then each variant's floor per optimizer step and its parts."""
+    peaks = limits["gemm_gflops"]
+    lines = [f"Measured before the variants ran, with {limits.get('threads')} threads in {fmt(limits.get('seconds'), 1)} s: "
+             f"GEMM peak fp32 {fmt(peaks.get('fp32'), 0)} GFLOP/s, bf16 {fmt(peaks.get('bf16'), 0)} GFLOP/s; memory "
+             f"read {fmt(limits.get('read_gb_s'), 1)} GB/s.\n",
+             "| variant | floor s | scoring fwd+bwd s | generation s | decode bound | dtype | matmul params (M) "
+             "| decoding steps | completion tok per step | prompt tok (mean) | step s (mean) | x floor |",
+             "|---" * 12 + "|"]
+    for name, res in results.items():
+        floor = res.get("floor")
+        if not floor:
+            continue
+        params = floor.get("matmul_params")
+        lines.append(f"| {name} | {fmt(floor.get('floor_s'), 3)} | {fmt(floor.get('train_s'), 3)} "
+                     f"| {fmt(floor.get('generation_s'), 3)} | {fmt(floor.get('decode_bound'))} | {fmt(floor.get('dtype'))} "
+                     f"| {fmt(params / 1e6 if params else None, 1)} | {fmt(floor.get('decode_steps'), 1)} "
+                     f"| {fmt(floor.get('completion_tokens_per_step'), 1)} | {fmt(floor.get('prompt_tokens_mean'), 1)} "
+                     f"| {fmt(res.get('step_time_s_mean'))} | {fmt(floor.get('multiple'), 1)} |")
+    return "\n".join(lines)
+
+
+@dataclass
+class Section:
+    """One table of a bench: its name (NAMES), heading, a paragraph on how to read it, and the table."""
+
+    name: str
+    title: str
+    intro: str
+    markdown: str
+
+
+def sections(report: dict) -> list[Section]:
+    """Every table a bench has, from its bench.json (`report`): the main table, the rounds table (--rounds > 1),
+    the profile tables (--profile) and the floor table."""
+    results = report.get("variants") or {}
+    ratios_vs = report.get("ratios_vs") or {}
+    ratio_of = report.get("ratio_vs_baseline") or {}
+    first = next((b for b, r in ratios_vs.items() if r == ratio_of), None) if ratio_of else None
+    others = [b for b in ratios_vs if b != "baseline"]
+    against = (f"`tok/s ratio` and `RSS ratio`: against `{first}`" if first
+               else "`tok/s ratio` and `RSS ratio`: none (no baseline ran to its end)")
+    against += "".join(f"; `tok/s vs {b}`: against `{b}`" for b in others)
+    found = [Section("bench", "grpo-exp against plain TRL",
+                     "Each variant in its own process on the same prompts, model and GRPO settings. `steps`: the "
+                     "measured optimizer steps (after the warm-up, pooled over rounds); tok/s and prompts/s are their "
+                     "sums over their time; peak RSS is the child's own (ru_maxrss; over rounds, the highest). "
+                     f"{against}; `x floor`: the mean step as a multiple of the machine's floor.",
+                     table(results, ratio_of, ratios_vs))]
+    orders = report.get("round_order")
+    if orders:
+        found.append(Section("rounds", "Rounds",
+                             "Every variant ran once per round, the order reversed every other round; each round's "
+                             "tokens/s, and each variant's ratio to every baseline of the same round with their "
+                             "median and range.",
+                             rounds_table(results, report.get("round_ratios_vs") or {}, orders)))
+    profile = profile_table(results)
+    if profile:
+        found.append(Section("profile", "Profile",
+                             "Seconds per measured step in each part of a step (mean; share of the step), and the MB "
+                             "each part raised the child's peak RSS by over its whole run ((peak): the part in which "
+                             "the run's peak was reached).", profile))
+    if report.get("machine_limits"):
+        found.append(Section("floor", "The machine's floor",
+                             "The least time one optimizer step could take on this machine: scoring forward and "
+                             "backward, prefill and decoding at the measured GEMM peak and memory bandwidth "
+                             "(docs/performance.md, \"The bench and the floor\"). Attention, norms and the optimizer "
+                             "are left out, so it is a lower bound.",
+                             floor_table(results, report["machine_limits"])))
+    return found
+
