@@ -5,6 +5,7 @@ child.py measures one); `--child` is how the parent runs each variant in its own
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -50,8 +51,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reward-curve-steps", type=int, default=0,
                    help="run every variant for this many steps and plot reward per step (e.g. 30)")
     p.add_argument("--out", default=None, help="output directory (default outputs/bench/<timestamp>)")
+    p.add_argument("--page", default=None, metavar="docs/results/<name>.md",
+                   help="after the bench, write a results page here from its bench.json (its PNGs into the folder "
+                        "of the same name); grpo-report <out> --page ... writes it again")
+    p.add_argument("--machine", default=None, help="the machine the bench runs on, an entry of docs/machines.md "
+                                                   "(the page's header)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # bench.json records the command
+    if args.machine and not args.page:
+        p.error("--machine names the machine in a results page; give --page too")
     for key in ("steps", "prompts_per_step", "threads", "max_completion_length", "rounds"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1")

@@ -49,9 +49,11 @@ each variant's ratio to every baseline in the same round, with their median, low
 Each step also counts the child's minor page faults (pages the kernel mapped in, zero-filled when new: memory the
 allocator gave back and took again; cpu.malloc), reported per measured step.
 
-Writes bench.json, bench.md (and reward_curve.png) into --out (default outputs/bench/<timestamp>/).
+Writes bench.json, bench.md (and reward_curve.png) into --out (default outputs/bench/<timestamp>/); with
+--page docs/results/<name>.md --machine NAME, a results page of them too (grpo-report <out> --page ... writes
+it again).
 """
 
 # The docstring above is grpo-bench's --help. The modules: parent (the variants, their rounds and children,
 # bench.json and bench.md), child (one variant's measuring process), floor (the machine's limits and each
-# variant's floor), tables (the Markdown tables, the ratios and the reward plot).
+# variant's floor), tables (the Markdown tables, the ratios and the reward plot), page (the results page).
