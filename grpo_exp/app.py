@@ -1,4 +1,4 @@
-"""`python -m grpo_exp.app [--host H] [--port P] [--outputs DIR]`: the web app; it lives in grpo_exp.apps.app."""
+"""`python -m grpo_exp.app [--host H] [--port P] [--outputs DIR]`: the web app; it lives in grpo_exp.apps.web."""
 
 from grpo_exp.apps.app import main
 

@@ -2,7 +2,9 @@
 (from Hydra's records: the sweep's multirun.yaml, else each job's .hydra/hydra.yaml), the git commit of
 this code and any the runs recorded, the date of the page and of the runs (history.jsonl's "time"), the
 machine (a name from docs/machines.md, and what this CPU reports) and the library versions, here and as
-the runs' base-model evaluations recorded them (before_after.json's before_source.settings)."""
+the runs' base-model evaluations recorded them (before_after.json's before_source.settings). A bench's page
+(analysis/bench/page.py) builds its header from bench.json with the same bullets (commit_line, date_line,
+machine_line, versions_line)."""
 
 from __future__ import annotations
 
@@ -151,12 +153,12 @@ def cpu() -> dict:
             "cpus": os.cpu_count(), "usable": usable, **{flag: flag in flags for flag in CPU_FLAGS}}
 
 
-def machine_line(name: str | None, repo: Path = REPO) -> str:
-    """The machine: `name` (checked against docs/machines.md) and what this CPU reports."""
+def machine_line(name: str | None, repo: Path = REPO, tool: str = "grpo-report") -> str:
+    """The machine: `name` (checked against docs/machines.md) and what this CPU reports (where `tool` ran)."""
     here = cpu()
     flags = ", ".join(f"{flag} {'yes' if here[flag] else 'no'}" for flag in CPU_FLAGS)
     detected = (f"{here['model']}, {here['usable']} of {here['cpus']} cores usable, {flags} "
-                "(lscpu, where grpo-report ran)")
+                f"(lscpu, where {tool} ran)")
     if not name:
         logger.warning("no --machine given: the page names no entry of %s", MACHINES)
         return f"not named (pass --machine NAME, an entry of {MACHINES}); {detected}"
@@ -193,26 +195,42 @@ def run_versions(jobs: list[dict]) -> list[str]:
     return out
 
 
+STAMP = "%Y-%m-%d %H:%M UTC"
+
+
+def stamp(when: datetime) -> str:
+    return when.strftime(STAMP)
+
+
+def commit_line(source: str, recorded: list[str], none: str) -> str:
+    """The Commit bullet: this code's commit, then the ones `source` (the runs, the bench) recorded, or `none`."""
+    commit = repo_commit() or "unknown (not a git checkout)"
+    return (f"- **Commit:** `{commit}` (this code, when the page was written); {source}: "
+            + (", ".join(f"`{c}`" for c in recorded) if recorded else none))
+
+
+def date_line(now: datetime | None, source: str | None = None) -> str:
+    """The Date bullet: the page's date (now, UTC), then `source`'s (e.g. "runs logged from ... to ...")."""
+    now = now or datetime.now(timezone.utc)
+    return f"- **Date:** {stamp(now)} (page)" + (f"; {source}" if source else "")
+
+
+def versions_line(tool: str, recorded: list[str], source: str) -> str:
+    """The Versions bullet: the libraries where `tool` ran, then those `source` recorded."""
+    line = f"- **Versions:** {versions()} (where {tool} ran)"
+    return line + (f"; {source}: " + "; ".join(recorded) if recorded else "")
+
+
 def header(jobs: list[dict], page_command: str, machine: str | None, now: datetime | None = None) -> list[str]:
     """The page's header block: one bullet each for the runs' commands, the page's command, the commit,
     the date, the machine and the versions."""
     dirs = [Path(job["row"]["dir"]) for job in jobs]
     commands = run_commands(dirs)
-    commit = repo_commit() or "unknown (not a git checkout)"
-    recorded = run_commits(dirs)
     dates = run_dates(jobs)
-    now = now or datetime.now(timezone.utc)
-    stamp = "%Y-%m-%d %H:%M UTC"
-    lines = ["- **Runs made by:** " + ("; ".join(f"`{c}`" for c in commands) if commands
-                                      else "not recorded (no .hydra/hydra.yaml or multirun.yaml)"),
-             f"- **Page made by:** `{page_command}`",
-             f"- **Commit:** `{commit}` (this code, when the page was written); runs: "
-             + (", ".join(f"`{c}`" for c in recorded) if recorded else "no commit recorded in their files"),
-             f"- **Date:** {now.strftime(stamp)} (page)"
-             + (f"; runs logged from {dates[0].strftime(stamp)} to {dates[1].strftime(stamp)}" if dates else ""),
-             f"- **Machine:** {machine_line(machine)}",
-             f"- **Versions:** {versions()} (where grpo-report ran)"]
-    recorded_versions = run_versions(jobs)
-    if recorded_versions:
-        lines[-1] += "; runs' base-model evaluations: " + "; ".join(recorded_versions)
-    return lines
+    return ["- **Runs made by:** " + ("; ".join(f"`{c}`" for c in commands) if commands
+                                     else "not recorded (no .hydra/hydra.yaml or multirun.yaml)"),
+            f"- **Page made by:** `{page_command}`",
+            commit_line("runs", run_commits(dirs), "no commit recorded in their files"),
+            date_line(now, f"runs logged from {stamp(dates[0])} to {stamp(dates[1])}" if dates else None),
+            f"- **Machine:** {machine_line(machine)}",
+            versions_line("grpo-report", run_versions(jobs), "runs' base-model evaluations")]

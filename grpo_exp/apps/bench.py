@@ -1,15 +1,17 @@
 """`grpo-bench [options]` (or `python -m grpo_exp.apps.bench`): grpo-exp's training path against plain TRL on
-the same prompts and settings. The logic lives in grpo_exp.analysis.bench; `--child` is how it runs each
-variant in its own process."""
+the same prompts and settings. The logic lives in grpo_exp.analysis.bench (parent.py runs the variants,
+child.py measures one); `--child` is how the parent runs each variant in its own process."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     from grpo_exp.analysis import bench
+    from grpo_exp.analysis.bench.parent import BASELINES
 
     p = argparse.ArgumentParser(description=bench.__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=bench.__doc__.split("\n", 1)[1])
@@ -32,7 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--candidate", action="append", default=[], metavar="NAME=OVR[,OVR...]",
                    help="an extra grpo-exp variant with these overrides (repeatable); env.VAR=VALUE sets an "
                         "environment variable of its process; kind=trl makes it a plain-TRL variant")
-    p.add_argument("--baseline", action="append", choices=bench.BASELINES, default=None,
+    p.add_argument("--baseline", action="append", choices=BASELINES, default=None,
                    help="plain-TRL baseline(s), repeatable: fp32 (variant 'baseline': bf16 off, TRL's gradient "
                         "checkpointing; the default) and/or trl-defaults (TRL's own defaults: bf16 on, gradient "
                         "checkpointing on); ratios are against the first")
@@ -49,8 +51,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reward-curve-steps", type=int, default=0,
                    help="run every variant for this many steps and plot reward per step (e.g. 30)")
     p.add_argument("--out", default=None, help="output directory (default outputs/bench/<timestamp>)")
+    p.add_argument("--page", default=None, metavar="docs/results/<name>.md",
+                   help="after the bench, write a results page here from its bench.json (its PNGs into the folder "
+                        "of the same name); grpo-report <out> --page ... writes it again")
+    p.add_argument("--machine", default=None, help="the machine the bench runs on, an entry of docs/machines.md "
+                                                   "(the page's header)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # bench.json records the command
+    if args.machine and not args.page:
+        p.error("--machine names the machine in a results page; give --page too")
     for key in ("steps", "prompts_per_step", "threads", "max_completion_length", "rounds"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1")
@@ -62,11 +72,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from grpo_exp.analysis import bench
-
     if args.child:
-        return bench.child_main(Path(args.child))
-    return bench.run(args)
+        from grpo_exp.analysis.bench.child import child_main
+
+        return child_main(Path(args.child))
+    from grpo_exp.analysis.bench.parent import run
+
+    return run(args)
 
 
 if __name__ == "__main__":

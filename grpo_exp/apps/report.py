@@ -1,8 +1,9 @@
 """`grpo-report outputs/train/multiruns/<sweep> [more dirs...] [--out DIR]` (or `python -m grpo_exp.apps.report`):
 report.md, report.csv and PNG plots of sweeps and runs (into the first directory unless --out is given),
 and the main table printed. `--page docs/results/<name>.md --machine NAME` writes a results page instead
-(its plots in docs/results/<name>/); `--table NAME` prints one of its tables. The logic lives in
-grpo_exp.analysis.report and grpo_exp.analysis.results_page."""
+(its plots in docs/results/<name>/); `--table NAME` prints one of its tables. Given a bench's output folder
+(one holding bench.json), `--page` and `--table` do the same for the bench. The logic lives in
+grpo_exp.analysis.report, grpo_exp.analysis.results_page and grpo_exp.analysis.bench.page."""
 
 from __future__ import annotations
 
@@ -11,20 +12,35 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from grpo_exp.analysis.bench.tables import NAMES as BENCH_NAMES
     from grpo_exp.analysis.tables import NAMES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("dirs", nargs="+", help="multirun directories (outputs/train/multiruns/...) or run directories")
+    parser.add_argument("dirs", nargs="+", help="multirun directories (outputs/train/multiruns/...) or run "
+                                                "directories; or one bench output folder (with bench.json)")
     parser.add_argument("--out", help="where report.md, report.csv and the plots go (default: the first dir)")
     parser.add_argument("--page", help="write a results page here (e.g. docs/results/<name>.md), its plots into "
                                        "the folder of the same name, instead of the report")
     parser.add_argument("--machine", help="the machine the runs ran on, an entry of docs/machines.md (page header)")
-    parser.add_argument("--table", choices=NAMES, help="print this table of the page (Markdown) and write nothing")
+    parser.add_argument("--table", choices=[*NAMES, *BENCH_NAMES],
+                        help="print this table of the page (Markdown) and write nothing; a bench's: "
+                             + ", ".join(BENCH_NAMES))
     args = parser.parse_args(argv)
     if args.machine and not args.page:
         parser.error("--machine names the machine in a results page; give --page too")
     if args.table and (args.page or args.out):
         parser.error("--table prints one table and writes nothing; leave out --page and --out")
+    from grpo_exp.analysis.bench.page import is_bench
+
+    benches = [d for d in args.dirs if is_bench(d)]
+    if benches and len(args.dirs) > 1:
+        parser.error(f"{benches[0]} is a bench's output (bench.json): give it alone")
+    if benches and not (args.page or args.table):
+        parser.error(f"{benches[0]} is a bench's output (bench.json): give --page or --table (its bench.md is "
+                     f"the bench's own report)")
+    if benches and args.out:
+        parser.error("--out is for runs' reports; a bench's page goes where --page says")
+    args.bench = bool(benches)
     return args
 
 
@@ -37,13 +53,19 @@ def main(argv: list[str] | None = None) -> int:
         from grpo_exp.analysis.report import run
 
         return run(args.dirs, args.out)
-    from grpo_exp.analysis import results_page
+    if args.bench:
+        from grpo_exp.analysis.bench import page as results_page
 
+        where = args.dirs[0]
+    else:
+        from grpo_exp.analysis import results_page
+
+        where = args.dirs
     try:
         if args.table:
-            print(results_page.table_markdown(args.dirs, args.table), end="")
+            print(results_page.table_markdown(where, args.table), end="")
         else:
-            print(f"results page: {results_page.write_page(args.dirs, args.page, args.machine)}")
+            print(f"results page: {results_page.write_page(where, args.page, args.machine)}")
     except (FileNotFoundError, KeyError) as err:
         print(f"error: {err.args[0] if err.args else err}", file=sys.stderr)
         return 2

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from grpo_exp.analysis import bench
+from grpo_exp.analysis.bench import child, floor, parent, tables
 from tests.conftest import ROOT
 
 
 def test_machine_limits_are_measured_in_seconds():
-    limits = bench.machine_limits(threads=1, size=256, reps=1)
+    limits = floor.machine_limits(threads=1, size=256, reps=1)
     assert limits["gemm_gflops"]["fp32"] > 0 and limits["gemm_gflops"]["bf16"] > 0
     assert limits["read_gb_s"] > 0 and limits["seconds"] < 30
 
@@ -32,18 +32,18 @@ def synthetic(step_s: float) -> dict:
 
 def test_step_floor_by_hand():
     limits = {"gemm_gflops": {"fp32": 100.0, "bf16": 400.0}, "read_gb_s": 20.0}
-    floor = bench.step_floor(synthetic(10.0), limits)
+    found = floor.step_floor(synthetic(10.0), limits)
     n, peak, bw = 1e8, 400e9, 20e9
     train = 6 * n * (640 / 2 + 40 * 8 / 4) / peak  # a round's 640 tokens over its 2 steps; 2 distinct prompts
     decode = 50 * max(2 * n / bw, 2 * n * 16 / peak)  # bf16 weights: 2 bytes
     prefill = 2 * n * 40 * 16 / 4 / peak  # 4 distinct prompts per round
     expected = train + (prefill + decode) / 2
-    assert floor["dtype"] == "bf16" and floor["decode_bound"] == "memory"  # 10 ms read vs 8 ms of FLOPs
-    assert floor["floor_s"] == pytest.approx(expected, rel=1e-3)
-    assert floor["multiple"] == pytest.approx(10.0 / expected, rel=1e-2)
+    assert found["dtype"] == "bf16" and found["decode_bound"] == "memory"  # 10 ms read vs 8 ms of FLOPs
+    assert found["floor_s"] == pytest.approx(expected, rel=1e-3)
+    assert found["multiple"] == pytest.approx(10.0 / expected, rel=1e-2)
     # where bf16 is emulated (slower than fp32), the floor uses fp32's peak and 4-byte weights
-    slow_bf16 = bench.step_floor(synthetic(10.0), {"gemm_gflops": {"fp32": 100.0, "bf16": 20.0}, "read_gb_s": 20.0})
-    assert slow_bf16["dtype"] == "fp32" and slow_bf16["floor_s"] > floor["floor_s"]
+    slow_bf16 = floor.step_floor(synthetic(10.0), {"gemm_gflops": {"fp32": 100.0, "bf16": 20.0}, "read_gb_s": 20.0})
+    assert slow_bf16["dtype"] == "fp32" and slow_bf16["floor_s"] > found["floor_s"]
 
 
 def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_profile(tmp_path):
@@ -94,7 +94,7 @@ def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_pro
     for name, res in variants.items():  # which part raised the peak RSS, charged in full
         rises = res["peak_rss_rise_mb"]
         assert res["peak_rss_part"] in rises and rises["setup"] > 100, name
-        assert set(rises) <= {"setup", *bench.PROFILE_PARTS, "other"}, name
+        assert set(rises) <= {"setup", *tables.PROFILE_PARTS, "other"}, name
         assert 0 < sum(rises.values()) <= res["child_vmhwm_mb"] + 0.1, name
     md = (out / "bench.md").read_text()
     assert "x floor" in md and "tok/s vs trl-defaults" in md and "MB it raised the peak RSS by" in md
@@ -103,20 +103,21 @@ def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_pro
 
 def test_the_peak_rss_is_charged_to_the_part_that_raised_it(monkeypatch):
     readings = iter([100.0, 150.0, 150.0, 120.0, 170.0])
-    monkeypatch.setattr(bench, "_vmhwm_mb", lambda: next(readings))
-    recorder = bench.StepRecorder(gen_batch=1, profile=True)
+    monkeypatch.setattr(child, "_vmhwm_mb", lambda: next(readings))
+    recorder = child.StepRecorder(gen_batch=1, profile=True)
     for part in ("setup", "backward", "generation", "generation", "other"):
         recorder.note_peak(part)
     assert recorder.peak_rise_mb == {"setup": 100.0, "backward": 50.0, "other": 20.0}
     assert recorder.peak_part == "other"
-    quiet = bench.StepRecorder(gen_batch=1, profile=False)  # without --profile nothing is read
+    quiet = child.StepRecorder(gen_batch=1, profile=False)  # without --profile nothing is read
     quiet.note_peak("setup")
     assert quiet.peak_rise_mb == {} and quiet.peak_part is None
 
 
 def test_beta_reaches_every_variant_of_the_bench(tmp_path):
     # the baselines copy their algorithm settings (beta included) from the config composed with these
-    from grpo_exp.analysis.bench import common_overrides, compose
+    from grpo_exp.analysis.bench.child import compose
+    from grpo_exp.analysis.bench.parent import common_overrides
     from grpo_exp.apps.bench import parse_args
 
     assert compose(common_overrides(parse_args([])), tmp_path).train.beta == 0.04  # conf/stage/basic.yaml
@@ -124,7 +125,8 @@ def test_beta_reaches_every_variant_of_the_bench(tmp_path):
 
 
 def test_a_model_directory_or_hub_id_is_benchmarked_through_the_custom_model_option(tmp_path):
-    from grpo_exp.analysis.bench import common_overrides, compose
+    from grpo_exp.analysis.bench.child import compose
+    from grpo_exp.analysis.bench.parent import common_overrides
     from grpo_exp.apps.bench import parse_args
 
     model_dir = tmp_path / "my_model"
@@ -142,7 +144,7 @@ def child_result(name: str, step_s: list[float], tokens: float, rss: float) -> d
            "child_vmhwm_mb": rss, "steps": [{"measured": True, "tokens": tokens, "time_s": t, "reward": t}
                                             for t in step_s],
            "profile_steps": [{"generation": t / 2, "step": t} for t in step_s]}
-    res.update(bench.summarize_steps(res))
+    res.update(parent.summarize_steps(res))
     return res
 
 
@@ -158,7 +160,7 @@ def test_rounds_run_in_alternating_order_and_pool_their_steps(tmp_path):
         return child_result(name, [speeds[name, round_no]] * 2, 64.0, 1000.0 + 100 * round_no)
 
     variants = {"baseline": {}, "grpo-exp": {}}
-    results = bench.run_rounds(variants, tmp_path, 3, runner=runner)
+    results = parent.run_rounds(variants, tmp_path, 3, runner=runner)
     assert calls == [("baseline", 1), ("grpo-exp", 1), ("grpo-exp", 2), ("baseline", 2), ("baseline", 3),
                      ("grpo-exp", 3)]
     ours = results["grpo-exp"]
@@ -168,16 +170,16 @@ def test_rounds_run_in_alternating_order_and_pool_their_steps(tmp_path):
     assert ours["reward_curve"] == [1.0, 1.0]  # the first round's, not the rounds one after another
     assert ours["profile_mean_per_step_s"]["generation"] == round((1.0 + 1.0 + 0.5) / 6, 3)  # rounded to ms
     assert [r["completion_tokens_per_s"] for r in ours["rounds"]] == [64.0, 64.0, 128.0]
-    ratios = bench.round_ratios(results["baseline"], ours)
+    ratios = tables.round_ratios(results["baseline"], ours)
     assert ratios == {"completion_tokens_per_s": [2.0, 4.0, 4.0], "median": 4.0, "min": 2.0, "max": 4.0}
-    md = bench.rounds_table(results, {"baseline": {n: bench.round_ratios(results["baseline"], r)
+    md = tables.rounds_table(results, {"baseline": {n: tables.round_ratios(results["baseline"], r)
                                                    for n, r in results.items()}},
-                            bench.round_orders(list(variants), 3))
+                            parent.round_orders(list(variants), 3))
     assert "Order: baseline, grpo-exp; grpo-exp, baseline; baseline, grpo-exp." in md
     assert "| grpo-exp | 64.0 | 64.0 | 128.0 | 2.00, 4.00, 4.00 | 4.00 [2.00, 4.00] |" in md
     # one round: the child's own result, untouched (and no per-round figures)
-    single = bench.run_rounds(variants, tmp_path, 1, runner=lambda n, s, o, r: child_result(n, [1.0], 8.0, 500.0))
-    assert "rounds" not in single["grpo-exp"] and bench.round_ratios(single["baseline"], single["grpo-exp"]) is None
+    single = parent.run_rounds(variants, tmp_path, 1, runner=lambda n, s, o, r: child_result(n, [1.0], 8.0, 500.0))
+    assert "rounds" not in single["grpo-exp"] and tables.round_ratios(single["baseline"], single["grpo-exp"]) is None
 
 
 def test_a_failed_round_fails_the_variant(tmp_path):
@@ -186,6 +188,6 @@ def test_a_failed_round_fails_the_variant(tmp_path):
             return {"name": name, "status": "failed", "returncode": 1, "wall_s": 1.0}
         return child_result(name, [1.0], 8.0, 500.0)
 
-    results = bench.run_rounds({"grpo-exp": {}}, tmp_path, 2, runner=runner)
+    results = parent.run_rounds({"grpo-exp": {}}, tmp_path, 2, runner=runner)
     assert results["grpo-exp"]["status"] == "failed"
     assert [r["status"] for r in results["grpo-exp"]["rounds"]] == ["ok", "failed"]

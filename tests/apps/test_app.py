@@ -71,7 +71,7 @@ def test_a_port_in_use_is_one_line(tmp_path):
 
 
 def test_launch_form_overrides_name_every_control(tmp_path):
-    from grpo_exp.apps.app import build_overrides
+    from grpo_exp.apps.web.launch_tab import build_overrides
     from grpo_exp.apps.launch_check import LaunchRefused, check_items
 
     overrides = build_overrides({"model": "tiny_random", "debug": "(none)"},
@@ -89,7 +89,7 @@ def test_a_refused_run_shows_its_one_line(tmp_path):
     """Bad input the app cannot see (a model folder without config.json): the entrypoint exits 2 with one
     `error:` line and writes no run directory; the Launch tab says so (the status line the browser shows).
     What the app can see is refused before any process starts."""
-    from grpo_exp.apps.app import Launcher, launch_state
+    from grpo_exp.apps.web.runner import Launcher, launch_state
     from grpo_exp.apps.launch_check import LaunchRefused
 
     launcher = Launcher(tmp_path)

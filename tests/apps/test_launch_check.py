@@ -81,7 +81,7 @@ MORE = [
 @pytest.fixture
 def app(tmp_path, monkeypatch):
     """An App over an empty outputs folder, started from the repo root; starting a process fails the test."""
-    from grpo_exp.apps.app import App
+    from grpo_exp.apps.web.state import App
 
     def no_process(*args, **kwargs):
         raise AssertionError(f"a process was started: {args}")
@@ -158,7 +158,7 @@ def test_a_symlink_out_of_the_outputs_folder_is_followed(tmp_path):
 # ---------------------------------------------------------------- the login
 
 def test_another_host_without_a_login_is_refused(tmp_path, monkeypatch, capsys):
-    from grpo_exp.apps.app import main
+    from grpo_exp.apps.web.server import main
 
     monkeypatch.delenv("GRPO_APP_AUTH", raising=False)
     assert main(["--host", "0.0.0.0", "--outputs", str(tmp_path)]) == 2
@@ -174,7 +174,7 @@ def test_another_host_without_a_login_is_refused(tmp_path, monkeypatch, capsys):
 
 
 def test_the_login_parses_and_loopback_is_known():
-    from grpo_exp.apps.app import is_loopback, parse_auth
+    from grpo_exp.apps.web.server import is_loopback, parse_auth
 
     assert parse_auth("alice:s3:cret") == ("alice", "s3:cret") and parse_auth(None) is None
     assert all(is_loopback(h) for h in ("127.0.0.1", "::1", "localhost", "127.0.0.2"))
@@ -200,7 +200,7 @@ VALID = "model=tiny_random debug=smoke logger=none train.max_steps=1 eval.after_
 
 @pytest.mark.slow
 def test_launch_starts_a_valid_list_and_one_run_at_a_time(tmp_path):
-    from grpo_exp.apps.app import App
+    from grpo_exp.apps.web.state import App
 
     outputs = tmp_path / "outputs"
     app = App(outputs)

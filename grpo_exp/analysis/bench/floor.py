@@ -1,0 +1,89 @@
+"""The machine's floor: its GEMM peak (fp32, bf16) and memory read bandwidth, measured by the parent in a few
+seconds, and from them the least time one optimizer step of a variant could take (see the package
+docstring for the formula), with the variant's mean step as a multiple of it; and the machine's one-line
+description bench.json keeps."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+
+def machine_limits(threads: int, size: int = 1536, reps: int = 3) -> dict:
+    """The machine's GEMM peak (fp32, bf16) and memory read bandwidth with `threads` threads, in a few seconds:
+    the best of a few square products and of a few sums over 256 MB (larger than any cache)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    t_start = time.perf_counter()
+    try:
+        peaks = {}
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+            best = _best_time(lambda: torch.mm(a, b), reps)
+            peaks[name] = 2 * size ** 3 / best / 1e9
+        data = torch.ones(64 * 1024 * 1024)
+        read = data.numel() * 4 / _best_time(data.sum, reps) / 1e9
+    finally:
+        torch.set_num_threads(saved)
+    return {"gemm_gflops": {k: round(v, 1) for k, v in peaks.items()}, "read_gb_s": round(read, 2),
+            "threads": threads, "seconds": round(time.perf_counter() - t_start, 2)}
+
+
+def _best_time(fn, reps: int) -> float:
+    fn()  # warm-up (first-touch, oneDNN primitive creation)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def step_floor(res: dict, limits: dict) -> dict:
+    """The machine's floor for one optimizer step of this variant (see the package docstring) and the variant's
+    mean step time as a multiple of it."""
+    model = res["model_shape"]
+    n = model["matmul_params"]
+    peaks = limits["gemm_gflops"]
+    dtype = "bf16" if peaks["bf16"] > peaks["fp32"] else "fp32"
+    peak = peaks[dtype] * 1e9
+    weight_bytes = n * (2 if dtype == "bf16" else 4)
+    bandwidth = limits["read_gb_s"] * 1e9
+    steps = [s for s in res["steps"] if s["measured"]]
+    spg = res["settings"]["steps_per_generation"] or 1
+    rows = res["settings"]["generation_batch_size"]
+    groups = res["settings"]["num_generations"]
+    per_step = res["settings"]["per_device_train_batch_size"] * res["settings"]["gradient_accumulation_steps"]
+    completion_tokens = res["completion_tokens"] / len(steps) if steps else 0.0  # a round's, spread over its steps
+    prompt_tokens = model["prompt_tokens_mean"]
+    train_flops = 6 * n * (completion_tokens + prompt_tokens * per_step / groups)
+    decode_steps = [s["max_length"] for s in steps if s.get("max_length") is not None]
+    decode = statistics.mean(decode_steps) if decode_steps else res["settings"]["max_completion_length"]
+    per_decode_step = max(weight_bytes / bandwidth, 2 * n * rows / peak)
+    generation_s = (2 * n * prompt_tokens * rows / groups / peak + decode * per_decode_step) / spg
+    floor = train_flops / peak + generation_s
+    step = res.get("step_time_s_mean")
+    return {"floor_s": round(floor, 4), "train_s": round(train_flops / peak, 4), "generation_s": round(generation_s, 4),
+            "decode_bound": "memory" if weight_bytes / bandwidth >= 2 * n * rows / peak else "compute",
+            "dtype": dtype, "matmul_params": n, "decode_steps": round(decode, 1),
+            "completion_tokens_per_step": round(completion_tokens, 1), "prompt_tokens_mean": round(prompt_tokens, 1),
+            "multiple": round(step / floor, 2) if step and floor else None}
+
+
+def machine_info() -> str:
+    import platform
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    f = set(line.split(":", 1)[1].split())
+                    flags = ",".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if x in f)
+                    break
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus ({flags})"
