@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grpo_exp.config.checks import validate
+from grpo_exp.config.schema import TrainConfig
 from grpo_exp.base import cpu
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.core import copy_kinds, models
@@ -298,7 +299,7 @@ def test_the_decoding_attention_kernel_samples_what_the_composed_attention_sampl
 
 def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypatch, caplog):
     model, tokenizer, _ = tiny
-    monkeypatch.setattr(rollout, "compiler_missing", lambda: "no C++ compiler (g++ or clang++) on PATH")
+    monkeypatch.setattr(rollout.engine, "compiler_missing", lambda: "no C++ compiler (g++ or clang++) on PATH")
     with caplog.at_level("WARNING", logger="grpo_exp"):
         engine = engine_for(model, tokenizer, [0], compile="auto")
     assert not engine.compiled
@@ -557,7 +558,7 @@ def by_hand(old, samp, mask, mode, cap):
     return weights, clipped
 
 
-@pytest.mark.parametrize("mode", rollout.IS_MODES)
+@pytest.mark.parametrize("mode", TrainConfig.IS_MODES)
 def test_is_weights_equal_a_hand_computation(mode):
     gen = torch.Generator().manual_seed(0)
     old = -torch.rand(3, 5, generator=gen) * 3
@@ -656,7 +657,7 @@ def test_one_grpo_step_through_each_rollout_path(tmp_path, path):
         assert "sampling_per_token_logps" not in seen[0] and "rollout/kl" not in row
 
 
-@pytest.mark.parametrize("mode", rollout.IS_MODES)
+@pytest.mark.parametrize("mode", TrainConfig.IS_MODES)
 def test_trls_weights_in_the_loss_equal_the_hand_computation(tmp_path, mode):
     """The weights TRL multiplies into the loss, from the sampler's own log-probs (a bf16 copy, so they
     differ from the trained fp32 policy's), equal the hand computation. The tiny model's mismatch is small, so
