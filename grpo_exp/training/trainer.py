@@ -1,9 +1,4 @@
-"""The GRPO trainer: TRL's GRPOTrainer, built from the Hydra config in one place.
-
-The subclass adds what TRL does not do on its own: an optional extra loss term (EWC) scaled for
-gradient accumulation the way TRL scales its own auxiliary losses, and a `completions.jsonl`
-sample of prompts, completions and rewards in the run directory.
-"""
+"""The GRPO trainer: TRL's GRPOTrainer subclassed (GrpoExpTrainer) and built from the Hydra config in one place."""
 
 from __future__ import annotations
 
@@ -100,6 +95,35 @@ class EpochSeededSampler(RepeatSampler):
 
 
 class GrpoExpTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with what TRL does not do on its own: an extra loss term (EWC), shared-prefix scoring,
+    grpo-exp's rollout engine (training/rollout/), the guards (training/guards.py), atomic checkpoints and a
+    `completions.jsonl` sample.
+
+    Private methods of TRL's it overrides (the last three are HF Trainer's, overridden by TRL in turn):
+    - `_get_per_token_logps_and_entropies`: every scoring forward passes here, so that the sampler's log-probs can
+      stand in for the policy's no-grad scoring, the shared-prefix forward and lean saved tensors can run, and the
+      sampler's mismatch can be measured on a training forward (`_scored`, `_forward`).
+    - `_generate_and_score_completions`: to defer a round's old-log-prob scoring to its batches
+      (train.rollout_scoring=batch) and to log the sampler's mismatch each round.
+    - `_prepare_inputs`: a new round clears the non-finite guard, and a deferred round is scored batch by batch
+      (`_score_round`) once TRL has split it into batches.
+    - `_get_train_sampler`: TRL's RepeatSampler reseeded per epoch, so that a resumed run draws an uninterrupted
+      run's order.
+    - `_save_checkpoint`: the checkpoint written into a staging directory and renamed into place, with grpo-exp's
+      run state, so that a kill leaves the last complete one.
+    Public ones: `compute_loss` (the EWC term, the loss guard, the batches whose own forward gives their old
+    log-probs) and `log` (the completions sample, figures measured between steps). It also reads TRL's private
+    state (`_step`, `_buffered_inputs`, `_metrics`, `_logs`; for the engine `_tokenize_prompts`, `_tokenizer`,
+    `_is_vlm`, `_last_loaded_step`), which a TRL upgrade may rename.
+
+    Why it impersonates vLLM: TRL's importance-sampling correction (each token's loss weighed by pi_train /
+    pi_sampler, truncated or masked at a cap, after a scoring forward by the policy) runs only when `use_vllm`
+    and `vllm_importance_sampling_correction` are set. The engine's copy (a bf16 one, say) is, like vLLM, a
+    sampler that is not quite the trained policy, so rollout/trl_hook.enable_is_correction sets those flags and
+    stubs vLLM's weight sync (the engine refreshes its copy itself): TRL applies its own correction, no vLLM
+    involved.
+    """
+
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
                  share_prefixes: bool = False, logprob_kernel: str = "trl", saved_tensors: str = "plain",
