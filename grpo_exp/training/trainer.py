@@ -48,7 +48,7 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
     precision = resolve_precision(values.pop("precision"))
     kwargs = {k: v for k, v in values.items() if k not in _NOT_GRPO_FIELDS}
     # transformers 5 renamed gradient_checkpointing; passing the new name avoids a deprecation warning,
-    # and TRL's own default (True) would otherwise slow a small CPU model by ~20%.
+    # and TRL's own default (True) would otherwise recompute the activations a small CPU model can afford to keep.
     if "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:  # older releases lack it
         kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
     if trl_hook.resolve(values.get("rollout", "trl")) == "engine":

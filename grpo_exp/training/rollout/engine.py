@@ -146,11 +146,10 @@ class RolloutEngine:
         if why is None:
             # with packed weights, products that share an input are one product (packed_linear.compile_fused)
             backend = packed_linear.compile_fused if self.packed else "inductor"
-            # Without dynamo's guards on the copy's modules: evaluating them took about 1.2 of the 1.6 ms dynamo
-            # spent before each decoding step (under torch's profiler; docs/log.md, "2026-11-29 — around the decoding
-            # step's kernels"). Nothing changes a module of the copy after it is built (refresh and release change
-            # tensor contents and storages in place); the guards on the step's own inputs (shapes, the cache) and
-            # on global state stay.
+            # Without dynamo's guards on the copy's modules: evaluating them was most of what dynamo spent before
+            # each decoding step (docs/log.md, "2026-11-29 — around the decoding step's kernels"). Nothing changes a
+            # module of the copy after it is built (refresh and release change tensor contents and storages in
+            # place); the guards on the step's own inputs (shapes, the cache) and on global state stay.
             self._step = torch.compile(self._own_step(), dynamic=False, backend=backend,
                                        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
             self.compiled = True
@@ -267,7 +266,7 @@ class RolloutEngine:
     def _last_logits(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """The next-token logits (fp32) after the last position of every row. The LM head is applied to a 2-D
         hidden state: `logits_to_keep=1` slices [B, 1, H] out of a longer sequence, and torch's matmul then
-        expands the head's weight to a [B, H, V] copy (0.6 s for 4 prompts of the default model)."""
+        expands the head's weight to a [B, H, V] copy: the whole head once per row."""
         # the autocast copy computes under autocast, as the policy trains; other copies in their own dtype
         with torch.autocast(self.device.type, dtype=self.dtype) if self.autocast else contextlib.nullcontext():
             out = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
@@ -297,9 +296,9 @@ class RolloutEngine:
 
         sampler="cdf" draws one uniform number per row and inverts the cumulative distribution:
         the same distribution as `torch.multinomial`, which `generate` uses, but that draws an exponential
-        variate for every vocabulary entry: about 25 ms per step for 32 rows x 49152 tokens on one core, a
-        large share of a decoding step. sampler="multinomial" draws exactly as `generate` does (the same tokens
-        under the same seed; tests/training/test_rollout.py)."""
+        variate for every vocabulary entry of every row, a large share of a decoding step on a CPU.
+        sampler="multinomial" draws exactly as `generate` does (the same tokens under the same seed;
+        tests/training/test_rollout.py)."""
         scores = logits / self.temperature if self.temperature != 1.0 else logits
         if self.top_k > 0:
             kth = torch.topk(scores, min(self.top_k, scores.size(-1)))[0][..., -1, None]
