@@ -1,4 +1,4 @@
-"""train.rollout=engine (training/rollout.py): it samples what `generate` samples, its importance weights are
+"""train.rollout=engine (training/rollout/): it samples what `generate` samples, its importance weights are
 TRL's correction computed by hand, and a GRPO step through either rollout path trains. No timing assertions:
 speed belongs to grpo-bench."""
 
@@ -228,8 +228,8 @@ def test_compiled_and_eager_decoding_agree(tiny):
 
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
 def test_the_compiled_step_follows_moved_weights_and_new_batch_sizes(tiny):
-    """The compiled step runs without dynamo's guards on the copy's modules (rollout.py): after the policy moves it
-    decodes what an eager engine of the moved policy decodes, and a batch of another size gets a step of its own
+    """The compiled step runs without dynamo's guards on the copy's modules (rollout/engine.py): after the policy moves
+    it decodes what an eager engine of the moved policy decodes, and a batch of another size gets a step of its own
     (the guards on the step's inputs stay; dropping those too, the smaller batch reused the first graph)."""
     model, tokenizer, prompts = tiny
     eos = [tokenizer.eos_token_id]
