@@ -1,6 +1,6 @@
 """The rollout copy's kinds (`train.rollout_dtype`) and the dtype of the Linear weights each holds: one map, read
 by the config's checks (config/schema.py, before any model loads) and by the engine that makes the copy
-(training/rollout.py)."""
+(training/rollout/engine.py)."""
 
 from __future__ import annotations
 

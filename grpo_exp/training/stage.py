@@ -32,8 +32,9 @@ from grpo_exp.config.recorded import run_config
 from grpo_exp.config.schema import generation_batch
 from grpo_exp.core import data, models, rewards
 from grpo_exp.training import checkpoints, ewc, lora
+from grpo_exp.training.guards import GracefulStop, NonFiniteError
 from grpo_exp.training.run_dir import RunLock, record_or_compare
-from grpo_exp.training.trainer import GracefulStop, NonFiniteError, build_trainer, completions_per_step
+from grpo_exp.training.trainer import build_trainer, completions_per_step
 
 logger = log.get_logger(__name__)
 

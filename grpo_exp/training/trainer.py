@@ -1,19 +1,12 @@
-"""The GRPO trainer: TRL's GRPOTrainer, built from the Hydra config in one place.
-
-The subclass adds what TRL does not do on its own: an optional extra loss term (EWC) scaled for
-gradient accumulation the way TRL scales its own auxiliary losses, and a `completions.jsonl`
-sample of prompts, completions and rewards in the run directory.
-"""
+"""The GRPO trainer: TRL's GRPOTrainer subclassed (GrpoExpTrainer) and built from the Hydra config in one place."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shutil
-import signal
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -27,7 +20,9 @@ from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
 from grpo_exp.kernels import attention, embedding_grad, lean_reference, lean_saved, logprob_head
-from grpo_exp.training import checkpoints, rollout, shared_prefix
+from grpo_exp.training import checkpoints, guards, shared_prefix
+from grpo_exp.training.rollout import importance, trl_hook
+from grpo_exp.training.rollout.old_logps import old_logps_source, padded_logps
 
 logger = log.get_logger(__name__)
 
@@ -53,14 +48,13 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
     precision = resolve_precision(values.pop("precision"))
     kwargs = {k: v for k, v in values.items() if k not in _NOT_GRPO_FIELDS}
     # transformers 5 renamed gradient_checkpointing; passing the new name avoids a deprecation warning,
-    # and TRL's own default (True) would otherwise slow a small CPU model by ~20%.
+    # and TRL's own default (True) would otherwise recompute the activations a small CPU model can afford to keep.
     if "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:  # older releases lack it
         kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
-    if rollout.resolve(values.get("rollout", "trl")) == "engine":
-        # TRL's importance-sampling correction of vLLM rollouts, which the engine turns on (training/rollout.py);
-        # with the sampler's log-probs as the old ones there is nothing to weigh against
-        from_policy = rollout.old_logps_source(values["rollout_old_logps"], values["rollout_dtype"],
-                                               precision) == "policy"
+    if trl_hook.resolve(values.get("rollout", "trl")) == "engine":
+        # TRL's importance-sampling correction of vLLM rollouts, which the engine turns on
+        # (training/rollout/trl_hook.py); with the sampler's log-probs as the old ones there is nothing to weigh against
+        from_policy = old_logps_source(values["rollout_old_logps"], values["rollout_dtype"], precision) == "policy"
         kwargs.update(vllm_importance_sampling_correction=values["rollout_is_correction"] and from_policy,
                       vllm_importance_sampling_mode=values["rollout_is_mode"],
                       vllm_importance_sampling_clip_max=values["rollout_is_cap"])
@@ -100,12 +94,36 @@ class EpochSeededSampler(RepeatSampler):
         return super().__iter__()
 
 
-class NonFiniteError(RuntimeError):
-    """A loss or reward was NaN/inf; training stops before the bad update and keeps the last checkpoint."""
-
-
-
 class GrpoExpTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with what TRL does not do on its own: an extra loss term (EWC), shared-prefix scoring,
+    grpo-exp's rollout engine (training/rollout/), the guards (training/guards.py), atomic checkpoints and a
+    `completions.jsonl` sample.
+
+    Private methods of TRL's it overrides (the last three are HF Trainer's, overridden by TRL in turn):
+    - `_get_per_token_logps_and_entropies`: every scoring forward passes here, so that the sampler's log-probs can
+      stand in for the policy's no-grad scoring, the shared-prefix forward and lean saved tensors can run, and the
+      sampler's mismatch can be measured on a training forward (`_scored`, `_forward`).
+    - `_generate_and_score_completions`: to defer a round's old-log-prob scoring to its batches
+      (train.rollout_scoring=batch) and to log the sampler's mismatch each round.
+    - `_prepare_inputs`: a new round clears the non-finite guard, and a deferred round is scored batch by batch
+      (`_score_round`) once TRL has split it into batches.
+    - `_get_train_sampler`: TRL's RepeatSampler reseeded per epoch, so that a resumed run draws an uninterrupted
+      run's order.
+    - `_save_checkpoint`: the checkpoint written into a staging directory and renamed into place, with grpo-exp's
+      run state, so that a kill leaves the last complete one.
+    Public ones: `compute_loss` (the EWC term, the loss guard, the batches whose own forward gives their old
+    log-probs) and `log` (the completions sample, figures measured between steps). It also reads TRL's private
+    state (`_step`, `_buffered_inputs`, `_metrics`, `_logs`; for the engine `_tokenize_prompts`, `_tokenizer`,
+    `_is_vlm`, `_last_loaded_step`), which a TRL upgrade may rename.
+
+    Why it impersonates vLLM: TRL's importance-sampling correction (each token's loss weighed by pi_train /
+    pi_sampler, truncated or masked at a cap, after a scoring forward by the policy) runs only when `use_vllm`
+    and `vllm_importance_sampling_correction` are set. The engine's copy (a bf16 one, say) is, like vLLM, a
+    sampler that is not quite the trained policy, so rollout/trl_hook.enable_is_correction sets those flags and
+    stubs vLLM's weight sync (the engine refreshes its copy itself): TRL applies its own correction, no vLLM
+    involved.
+    """
+
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
                  share_prefixes: bool = False, logprob_kernel: str = "trl", saved_tensors: str = "plain",
@@ -117,9 +135,9 @@ class GrpoExpTrainer(GRPOTrainer):
         self._round_poisoned: str | None = None  # why the current generation round is poisoned
         self._drop_update = False  # the optimizer step being accumulated must not happen
         self.skipped_steps = 0
-        kwargs["reward_funcs"] = [self._guard_reward(f) for f in kwargs["reward_funcs"]]
+        kwargs["reward_funcs"] = [guards.guard_reward(self, f) for f in kwargs["reward_funcs"]]
         super().__init__(*args, **kwargs)
-        self.add_callback(_DropPoisonedUpdates(self))
+        self.add_callback(guards.DropPoisonedUpdates(self))
         if attention_choice is not None and self.ref_model is not None:
             # TRL loads the KL reference afresh, with transformers' attention; with the policy's attention the
             # KL at a step where the two hold the same weights is 0, not a rounding difference
@@ -147,10 +165,10 @@ class GrpoExpTrainer(GRPOTrainer):
                                                 checkpointing=bool(self.args.gradient_checkpointing))
         logger.info("train.saved_tensors=%s: %s", saved_tensors, self.saved_tensors)
         # train.rollout=engine: grpo-exp's sampler through TRL's rollout_func (None: TRL's generate)
-        path = rollout.resolve(rollout_cfg.rollout) if rollout_cfg is not None else "trl"
+        path = trl_hook.resolve(rollout_cfg.rollout) if rollout_cfg is not None else "trl"
         if rollout_cfg is not None and rollout_cfg.rollout == "auto":
             logger.info("train.rollout=auto: %s", path)
-        self.rollout_engine = rollout.build_engine(self, rollout_cfg) if path == "engine" else None
+        self.rollout_engine = trl_hook.build_engine(self, rollout_cfg) if path == "engine" else None
         # (the sampler's log-probs, completion mask) of a batch whose training forward measures the mismatch
         self._mismatch_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Old log-probs by batch (see _score_round): TRL's scoring of each round is deferred to its batches
@@ -166,24 +184,6 @@ class GrpoExpTrainer(GRPOTrainer):
         self._round_to_score = False  # a round was generated whose batches are not scored yet
         self._on_policy: list[dict] = []  # this round's batches that their own training forward scores
         self._weigh_in_forward: dict | None = None  # the batch whose training forward is running
-
-    def _guard_reward(self, func: Callable) -> Callable:
-        """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
-
-        def guarded(*args, **kwargs):
-            values = func(*args, **kwargs)
-            bad = [v for v in values if v is not None and not math.isfinite(v)]
-            if bad:
-                where = f"reward function '{func.__name__}' returned {bad[0]} at step {self.state.global_step + 1}"
-                if self.on_nonfinite == "stop":
-                    raise NonFiniteError(f"{where}; stopped, last good checkpoint kept "
-                                         f"(on_nonfinite=skip drops such batches instead)")
-                self._round_poisoned = where
-                values = [0.0 if v is not None and not math.isfinite(v) else v for v in values]
-            return values
-
-        guarded.__name__ = func.__name__
-        return guarded
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **model_kwargs):
@@ -232,7 +232,7 @@ class GrpoExpTrainer(GRPOTrainer):
             rows, engine.pending_logps = engine.pending_logps, None
             if len(rows) != input_ids.size(0):
                 raise RuntimeError(f"the rollout returned {len(rows)} completions; TRL scores {input_ids.size(0)}")
-            return rollout.padded_logps(rows, logits_to_keep, input_ids.device), None, None
+            return padded_logps(rows, logits_to_keep, input_ids.device), None, None
         if self._deferring and model is self.model and not torch.is_grad_enabled():
             # TRL's scoring of the whole round for its later batches: each batch is scored instead (_score_round)
             return torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device), None, None
@@ -293,12 +293,12 @@ class GrpoExpTrainer(GRPOTrainer):
         return output
 
     def _mismatch(self, old_logps, sampling_logps, mask, mode: str, cap, floor) -> dict[str, float]:
-        """The sampler's mismatch over every process's batch (rollout.mismatch_from_totals): each process's totals
+        """The sampler's mismatch over every process's batch (importance.mismatch_from_totals): each process's totals
         are gathered, so a data-parallel run logs all of its tokens, not the main process's alone. Every process
         reaches this at the same point of a step (a collective)."""
-        totals = rollout.mismatch_totals(old_logps, sampling_logps, mask, mode, cap, floor)
+        totals = importance.mismatch_totals(old_logps, sampling_logps, mask, mode, cap, floor)
         totals = self.accelerator.gather(totals.to(self.accelerator.device)[None]).cpu()
-        return rollout.mismatch_from_totals(totals)
+        return importance.mismatch_from_totals(totals)
 
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
@@ -307,10 +307,7 @@ class GrpoExpTrainer(GRPOTrainer):
 
     def _prepare_inputs(self, generation_batch):
         """TRL's: a new generation round starts clean (its rewards may poison it again)."""
-        if self.model.training:
-            generate_every = self.args.steps_per_generation * self.num_iterations
-            if self._step % generate_every == 0 or self._buffered_inputs is None:
-                self._round_poisoned = None
+        guards.start_round(self)
         inputs = super()._prepare_inputs(generation_batch)
         if self._round_to_score:
             self._round_to_score = False
@@ -346,7 +343,7 @@ class GrpoExpTrainer(GRPOTrainer):
         mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
         sampling, mode = batch["sampling_per_token_logps"], self.vllm_importance_sampling_mode
         floor, cap = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
-        weights, _ = rollout.is_weights(old_logps, sampling, mask, mode, cap, floor)
+        weights, _ = importance.is_weights(old_logps, sampling, mask, mode, cap, floor)
         batch["old_per_token_logps"], batch["importance_sampling_ratio"] = old_logps, weights
         # with TRL's own names (sampling/*) for the same figures, where any process had a valid token
         for key, value in self._mismatch(old_logps, sampling, mask, mode, cap, floor).items():
@@ -365,25 +362,14 @@ class GrpoExpTrainer(GRPOTrainer):
             if sampler is not None:
                 self._mismatch_batch = (sampler, inputs["completion_mask"])
         if model.training and any(inputs is batch for batch in self._on_policy):
-            if self.state.global_step != self._round_step:  # the policy moved since it sampled this batch
-                raise RuntimeError(f"train.rollout_scoring=batch: a batch of the round generated at step "
-                                   f"{self._round_step} trains at step {self.state.global_step}, after the policy "
-                                   f"moved; use train.rollout_scoring=round")
+            guards.refuse_moved_policy(self._round_step, self.state.global_step)
             self._weigh_in_forward = inputs  # its training forward gives its old log-probs (_score_round)
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self._weigh_in_forward = None
         self._mismatch_batch = None  # a loss that never called the scoring forward (TRL's liger path) leaves none
         if self.extra_loss is not None and model.training:
             loss = loss + self.extra_loss_term(model)
-        if model.training and self._round_poisoned is None and not torch.isfinite(loss):
-            self._round_poisoned = f"non-finite loss ({float(loss)}) at step {self.state.global_step + 1}"
-            if self.on_nonfinite == "stop":
-                raise NonFiniteError(f"{self._round_poisoned}; stopped, last good checkpoint kept")
-        if model.training and self._round_poisoned is not None:
-            self._drop_update = True  # the optimizer step this micro-batch accumulates into is dropped
-            # A zero that still belongs to the graph: backward runs and leaves every gradient at zero.
-            return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
-        return loss
+        return guards.guard_loss(self, model, loss)
 
     def _save_checkpoint(self, model, trial):
         """HF's checkpoint, written into a staging directory and renamed into place when complete.
@@ -450,81 +436,6 @@ class GrpoExpTrainer(GRPOTrainer):
                     "advantage": self._logs["advantages"][i] if i < len(self._logs["advantages"]) else None,
                 }
                 fh.write(json.dumps(row) + "\n")
-
-
-class _DropPoisonedUpdates(TrainerCallback):
-    """on_nonfinite=skip: turn the optimizer step of a poisoned round into a no-op, so parameters, AdamW's
-    moments and step count, and the LR schedule are all exactly as before it.
-
-    The trainer's optimizer is accelerate's wrapper; its `step_was_skipped` flag (set here) is what the HF
-    loop reads to leave the scheduler alone, as it does for an fp16 overflow."""
-
-    def __init__(self, trainer: "GrpoExpTrainer"):
-        self.trainer = trainer
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        optimizer = self.trainer.optimizer
-        if getattr(optimizer, "_grpo_exp_guarded", False):
-            return
-        original = optimizer.step
-        trainer = self.trainer
-
-        def step(*a, **k):
-            # data-parallel: a non-finite value on one rank drops the update on all, or their weights part
-            drop = dist.any_rank(trainer._drop_update)
-            if drop and not trainer._drop_update:
-                trainer._drop_update = True
-                trainer._round_poisoned = trainer._round_poisoned or "a non-finite value on another process"
-            optimizer._is_overflow = trainer._drop_update
-            if trainer._drop_update:
-                return None
-            return original(*a, **k)
-
-        optimizer.step = step
-        optimizer._grpo_exp_guarded = True
-
-    def on_optimizer_step(self, args, state, control, **kwargs):
-        trainer = self.trainer
-        if trainer._drop_update:
-            trainer.skipped_steps += 1
-            trainer.pending_logs.update({"skipped_update": 1, "skipped_reason": trainer._round_poisoned or "non-finite"})
-            logger.warning("step %s: update dropped (%s); parameters and optimizer state unchanged",
-                           state.global_step + 1, trainer._round_poisoned)
-            trainer._drop_update = False
-
-
-class GracefulStop(TrainerCallback):
-    """First Ctrl-C/SIGTERM: finish the current step, save a checkpoint and stop. Second: abort now."""
-
-    def __init__(self):
-        self.signal_received: int | None = None
-        self._previous = {}
-
-    def install(self) -> "GracefulStop":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum, frame):
-        if self.signal_received is not None:
-            raise KeyboardInterrupt
-        self.signal_received = signum
-        logger.warning("%s received: saving a checkpoint after this step (press Ctrl-C again to abort at once)",
-                       signal.Signals(signum).name)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        # data-parallel: every rank stops after the same step (a signal may reach them at different moments)
-        if dist.any_rank(self.signal_received is not None) and self.signal_received is None:
-            self.signal_received = signal.SIGTERM
-        if self.signal_received is not None:
-            control.should_save = True
-            control.should_training_stop = True
-        return control
 
 
 def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCallback],

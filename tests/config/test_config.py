@@ -110,14 +110,10 @@ def test_config_choices_match_the_code_that_implements_them():
     from grpo_exp.config.schema import StageConfig, TrainConfig
     from grpo_exp.kernels import attention, logprob_head
     from grpo_exp.core.data.generators import LEVELS
-    from grpo_exp.training import rollout
 
     assert TrainConfig.ATTENTIONS == attention.CHOICES
     assert TrainConfig.ATTENTION_DECODES == attention.DECODE_LAYOUTS
     assert TrainConfig.LOGPROB_KERNELS == logprob_head.CHOICES
-    assert TrainConfig.ROLLOUT_SAMPLERS == rollout.SAMPLERS
-    assert TrainConfig.IS_MODES == rollout.IS_MODES
-    assert TrainConfig.ROLLOUTS == rollout.CHOICES
     assert StageConfig.DATASETS == (*LEVELS, "gsm8k")
 
 

@@ -1,4 +1,4 @@
-"""train.rollout=engine (training/rollout.py): it samples what `generate` samples, its importance weights are
+"""train.rollout=engine (training/rollout/): it samples what `generate` samples, its importance weights are
 TRL's correction computed by hand, and a GRPO step through either rollout path trains. No timing assertions:
 speed belongs to grpo-bench."""
 
@@ -12,13 +12,14 @@ import pytest
 import torch
 
 from grpo_exp.config.checks import validate
+from grpo_exp.config.schema import TrainConfig
 from grpo_exp.base import cpu
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.core import copy_kinds, models
 from grpo_exp.kernels import attention, decode_attention, packed_linear, small_rows
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
-from tests.core.test_decode_softmax import needs_checked_torch
+from tests.kernels.test_decode_attention import needs_checked_torch
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
 
 FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none",
@@ -227,8 +228,8 @@ def test_compiled_and_eager_decoding_agree(tiny):
 
 @pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
 def test_the_compiled_step_follows_moved_weights_and_new_batch_sizes(tiny):
-    """The compiled step runs without dynamo's guards on the copy's modules (rollout.py): after the policy moves it
-    decodes what an eager engine of the moved policy decodes, and a batch of another size gets a step of its own
+    """The compiled step runs without dynamo's guards on the copy's modules (rollout/engine.py): after the policy moves
+    it decodes what an eager engine of the moved policy decodes, and a batch of another size gets a step of its own
     (the guards on the step's inputs stay; dropping those too, the smaller batch reused the first graph)."""
     model, tokenizer, prompts = tiny
     eos = [tokenizer.eos_token_id]
@@ -254,10 +255,10 @@ def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, mo
     eos = [tokenizer.eos_token_id]
     kernel = decode_attention.decode_softmax
     calls = []
-    monkeypatch.setattr(decode_softmax, "decode_softmax", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(decode_attention, "decode_softmax", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     draws = {}
     for enabled in (True, False):
-        monkeypatch.setattr(decode_softmax, "enabled", enabled)
+        monkeypatch.setattr(decode_attention, "enabled", enabled)
         torch._dynamo.reset()
         engine = engine_for(model, tokenizer, eos, compile=True, temperature=1.0)
         torch.manual_seed(7)
@@ -282,10 +283,10 @@ def test_the_decoding_attention_kernel_samples_what_the_composed_attention_sampl
     rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False) for p in PROMPTS for _ in range(4)]
     kernel, calls = decode_attention._run_attention, []
-    monkeypatch.setattr(decode_softmax, "_run_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(decode_attention, "_run_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     draws = {}
     for fused in (True, False):
-        monkeypatch.setattr(decode_softmax, "_AVX512_BF16", fused)
+        monkeypatch.setattr(decode_attention, "_AVX512_BF16", fused)
         torch._dynamo.reset()
         engine = engine_for(model, tokenizer, [tokenizer.eos_token_id], dtype=torch.bfloat16, compile=True,
                             temperature=1.0)
@@ -298,7 +299,7 @@ def test_the_decoding_attention_kernel_samples_what_the_composed_attention_sampl
 
 def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypatch, caplog):
     model, tokenizer, _ = tiny
-    monkeypatch.setattr(rollout, "compiler_missing", lambda: "no C++ compiler (g++ or clang++) on PATH")
+    monkeypatch.setattr(rollout.engine, "compiler_missing", lambda: "no C++ compiler (g++ or clang++) on PATH")
     with caplog.at_level("WARNING", logger="grpo_exp"):
         engine = engine_for(model, tokenizer, [0], compile="auto")
     assert not engine.compiled
@@ -557,7 +558,7 @@ def by_hand(old, samp, mask, mode, cap):
     return weights, clipped
 
 
-@pytest.mark.parametrize("mode", rollout.IS_MODES)
+@pytest.mark.parametrize("mode", TrainConfig.IS_MODES)
 def test_is_weights_equal_a_hand_computation(mode):
     gen = torch.Generator().manual_seed(0)
     old = -torch.rand(3, 5, generator=gen) * 3
@@ -656,7 +657,7 @@ def test_one_grpo_step_through_each_rollout_path(tmp_path, path):
         assert "sampling_per_token_logps" not in seen[0] and "rollout/kl" not in row
 
 
-@pytest.mark.parametrize("mode", rollout.IS_MODES)
+@pytest.mark.parametrize("mode", TrainConfig.IS_MODES)
 def test_trls_weights_in_the_loss_equal_the_hand_computation(tmp_path, mode):
     """The weights TRL multiplies into the loss, from the sampler's own log-probs (a bf16 copy, so they
     differ from the trained fp32 policy's), equal the hand computation. The tiny model's mismatch is small, so

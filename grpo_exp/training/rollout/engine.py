@@ -1,43 +1,19 @@
-"""grpo-exp's own rollout engine (`train.rollout=engine`): GRPO's sampling without HF `generate`.
+"""The rollout engine: GRPO's completions sampled from a rollout copy of the policy, without HF `generate`.
 
-Why: on a CPU, generation was more than half of a GRPO step, and `generate` under bf16 autocast recasts the
-fp32 weights on every op of every token, runs eager Python for each decoding step, and grows its KV cache
-with `cat`. The engine instead keeps
+Why: on a CPU, generation was more than half of a GRPO step, and `generate` under bf16 autocast recasts the fp32
+weights on every op of every token, runs eager Python for each decoding step, and grows its KV cache with `cat`.
+The engine samples from a rollout copy of the policy (core/copy_kinds.py) in the machine's native dtype or as
+autocast computes, its Linear layers packed where the machine allows (kernels/packed_linear.py,
+kernels/small_rows.py), with a static KV cache, a prefill that runs each distinct prompt once, grouped attention,
+and a decoding step compiled with `torch.compile` where a C++ compiler is present. Between rounds the copy's own
+weights and the cache give their memory back (`release`): the training step between two rounds is where a run's
+memory peaks.
 
-- a rollout copy of the policy (core/copy_kinds.py) in the machine's native dtype: bf16 where it is native (every
-  weight and the residual stream in bf16), else fp32, the policy's own tensors (shared: nothing to copy).
-  `train.rollout_dtype=autocast` asks for a copy that computes what bf16 autocast training computes: its Linear
-  weights cast to bf16, the rest the policy's own fp32 tensors, run under the same autocast. A copy is
-  refreshed in place before the first generation after an optimizer step; what it shares needs no refresh.
-- with a bf16 copy on a CPU with native bf16, its Linear layers swapped for packed ones (`train.rollout_prepack`,
-  kernels/packed_linear.py): the same products without a weight reorder on every call; on AVX512-BF16 a decoding
-  step's products read the plain weights in place (kernels/small_rows.py), with no packed copy kept; an fp32 copy on a
-  CPU whose torch kernels are AVX2's swaps them too, for small_rows' fp32 kernel (nothing laid out: MKL's same
-  numbers, faster at a decoding step's few rows);
-- a static KV cache (transformers' StaticCache, allocated once per batch shape);
-- between rounds, through TRL's hook, the copy's own weights and the cache give their memory back (`release`), since
-  the training step between two rounds is where a run's memory peaks; the next round refills them;
-- a batched prefill that runs each distinct prompt once (a GRPO batch holds every prompt `num_generations`
-  times) and copies its cache rows to the group;
-- attention that groups the query heads sharing a key/value head instead of copying the cache per head;
-- a decoding step compiled with `torch.compile` where a C++ compiler is present (eager otherwise; a warning
-  says which);
-- the sampler's own per-token log-probs, after temperature, top-k and top-p (vLLM's "processed" log-probs).
-
-It plugs into TRL through `rollout_func` (GRPOTrainer calls it with the prompts and the trainer, and expects
-`prompt_ids`, `completion_ids` and `logprobs`). Sampling follows `generate`'s distribution: fp32 logits,
-temperature, then top-k, then top-p, the whole batch every step, pad tokens after EOS. With sampler=multinomial
-and an fp32 copy it draws the same tokens as `generate` under the same seed; the default sampler=cdf draws from
-the same distribution with one uniform number per row (tests/training/test_rollout.py checks both).
-
-Where the copy computes differently from the trained policy (a bf16 copy of a policy trained in fp32 or under
-autocast), the samples come from a slightly different policy. `enable_is_correction` turns on TRL's own truncated
-importance-sampling correction (the one it applies to vLLM rollouts) on the sampler's log-probs, and the mismatch
-is logged (mean KL, share of clipped tokens): `mismatch_totals` on each process, gathered, `mismatch_from_totals`
-over all of them. Where it computes the same (the autocast
-copy of a policy trained under bf16 autocast; an fp32 copy of one trained in fp32), the sampler's log-probs are
-the policy's own up to kernel rounding, so they serve as PPO's old log-probs and TRL's extra scoring forward over
-the round is skipped (`old_logps_source`); the trainer then measures the mismatch on the training forward itself.
+Sampling follows `generate`'s distribution: fp32 logits, temperature, then top-k, then top-p, pad tokens after
+EOS, and each drawn token's log-prob under it (vLLM's "processed" log-probs). With sampler=multinomial and an
+fp32 copy it draws the same tokens as `generate` under the same seed; sampler=cdf draws from the same
+distribution with one uniform number per row (tests/training/test_rollout.py checks both). How the engine is
+plugged into TRL: trl_hook.py.
 """
 
 from __future__ import annotations
@@ -48,65 +24,19 @@ import functools
 import inspect
 import time
 import types
-from types import SimpleNamespace
 
 import torch
 
 from grpo_exp.base import log
-from grpo_exp.base.cpu import compiler_missing, native_dtype  # noqa: F401 (imported from here by tests and tools)
-from grpo_exp.core import copy_kinds
+from grpo_exp.base.cpu import compiler_missing
+from grpo_exp.config.schema import TrainConfig
 from grpo_exp.kernels import attention, packed_linear, small_rows
 from grpo_exp.training import shared_prefix
 
 logger = log.get_logger(__name__)
 
-CHOICES = ("auto", "trl", "engine")  # train.rollout
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-SAMPLERS = ("cdf", "multinomial")
-OLD_LOGPS = ("auto", "policy", "sampler")  # train.rollout_old_logps
 # the cache length is rounded up to this, so prompts of slightly different lengths reuse one compiled step
 _CACHE_BUCKET = 64
-
-
-def resolve(choice: str) -> str:
-    """The path `train.rollout=auto` takes: the engine on a CPU, TRL's `generate` on CUDA (where TRL's own fast path
-    is vLLM). With native bf16 the engine samples from a bf16 copy, with TRL's correction; without it, from an exact
-    fp32 copy whose log-probs stand in for TRL's scoring forward. Why it is the default, with its speed and its
-    accuracy over seeds against TRL's path: docs/log.md, "2026-11-27 — the engine with grouped attention", and
-    docs/performance.md, "The rollout engine"."""
-    if choice != "auto":
-        return choice
-    return "trl" if torch.cuda.is_available() else "engine"
-
-
-def old_logps_source(choice: str, rollout_dtype: str, precision: str) -> str:
-    """Where PPO's old log-probs come from on the engine's path (`train.rollout_old_logps`).
-
-    policy: TRL scores the round with the trained policy (one no-grad forward over every completion), and the
-    importance-sampling correction weighs each token by pi_train / pi_sampler. sampler: the sampler's own
-    log-probs are the old log-probs and nothing is corrected (PPO's clipped ratio is then taken against the
-    sampler). auto: sampler where the copy computes what the policy computes (an fp32 copy of a policy trained
-    in fp32, or the autocast copy of one trained under bf16 autocast, refreshed before the round: the same
-    weights and the same arithmetic, so the same log-probs up to kernel rounding; tests/training/test_rollout.py
-    and docs/performance.md, "Importance sampling and old log-probs"), policy elsewhere (a plain bf16 copy differs)."""
-    from grpo_exp.base.cpu import resolve_precision
-
-    if choice != "auto":
-        return choice
-    kind, trained = copy_kinds.kind(rollout_dtype), resolve_precision(precision)
-    exact = (kind, trained) in {("fp32", "fp32"), ("autocast", "bf16")}
-    return "sampler" if exact else "policy"
-
-
-def padded_logps(rows: list[list[float]], width: int, device) -> torch.Tensor:
-    """Per-completion log-probs as TRL's [batch, completion length] tensor, right-padded with 0 as TRL pads
-    completions (the completion mask hides the padding)."""
-    out = torch.zeros((len(rows), width), dtype=torch.float32)
-    for i, row in enumerate(rows):
-        if len(row) > width:
-            raise RuntimeError(f"a completion of {len(row)} tokens does not fit TRL's {width} completion positions")
-        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
-    return out.to(device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,30 +60,6 @@ def _static_layers_ok(config) -> str | None:
     if not (hasattr(layer, "cumulative_length") and hasattr(layer, "lazy_initialization")):
         return "a transformers release whose StaticLayer has no cumulative_length"
     return None
-
-
-def unsupported_reason(trainer) -> str | None:
-    """Why the engine cannot serve this trainer (None when it can); TRL's generation then runs."""
-    model = trainer.model
-    args = trainer.args
-    if hasattr(model, "get_base_model") or hasattr(model, "peft_config"):
-        return "a PEFT model (the rollout copy would need the adapter merged)"
-    if getattr(trainer, "_is_vlm", False):
-        return "a vision-language model"
-    if getattr(trainer, "tools", None) or getattr(trainer, "environment_factories", None) is not None:
-        return "tools or environments"
-    if args.use_vllm or getattr(args, "use_transformers_continuous_batching", False):
-        return "use_vllm or continuous batching (another generation backend)"
-    if trainer.repetition_penalty != 1.0:
-        return f"repetition_penalty={trainer.repetition_penalty}"
-    if trainer.min_p is not None:
-        return f"min_p={trainer.min_p}"
-    unhonoured = set(args.generation_kwargs or {}) - {"min_new_tokens"}  # the one generate setting it honours
-    if unhonoured:
-        return f"generation_kwargs {sorted(unhonoured)}"
-    if getattr(model.config, "is_encoder_decoder", False):
-        return "an encoder-decoder model"
-    return model_unsupported_reason(model)
 
 
 def model_unsupported_reason(model) -> str | None:
@@ -190,15 +96,15 @@ def rollout_copy(model: torch.nn.Module, dtype: torch.dtype, autocast: bool = Fa
 
 
 class RolloutEngine:
-    """Samples GRPO completions from a rollout copy of the policy; `rollout` is TRL's `rollout_func`."""
+    """Samples GRPO completions from a rollout copy of the policy (trl_hook.rollout_func serves them to TRL)."""
 
     def __init__(self, policy: torch.nn.Module, *, dtype: torch.dtype, autocast: bool = False,
                  compile: bool | str = "auto", prepack: bool | str = "auto",
                  max_new_tokens: int, temperature: float = 1.0, top_k: int | None = 0, top_p: float = 1.0,
                  eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf", min_new_tokens: int = 0,
                  attention_decode: str = "cache_axis"):
-        if sampler not in SAMPLERS:
-            raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
+        if sampler not in TrainConfig.ROLLOUT_SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(TrainConfig.ROLLOUT_SAMPLERS)}")
         self.sampler = sampler
         self.dtype = dtype
         self.autocast = autocast  # compute under `dtype` autocast, as the policy trains (rollout_copy)
@@ -240,11 +146,10 @@ class RolloutEngine:
         if why is None:
             # with packed weights, products that share an input are one product (packed_linear.compile_fused)
             backend = packed_linear.compile_fused if self.packed else "inductor"
-            # Without dynamo's guards on the copy's modules: evaluating them took about 1.2 of the 1.6 ms dynamo
-            # spent before each decoding step (under torch's profiler; docs/log.md, "2026-11-29 — around the decoding
-            # step's kernels"). Nothing changes a module of the copy after it is built (refresh and release change
-            # tensor contents and storages in place); the guards on the step's own inputs (shapes, the cache) and
-            # on global state stay.
+            # Without dynamo's guards on the copy's modules: evaluating them was most of what dynamo spent before
+            # each decoding step (docs/log.md, "2026-11-29 — around the decoding step's kernels"). Nothing changes a
+            # module of the copy after it is built (refresh and release change tensor contents and storages in
+            # place); the guards on the step's own inputs (shapes, the cache) and on global state stay.
             self._step = torch.compile(self._own_step(), dynamic=False, backend=backend,
                                        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
             self.compiled = True
@@ -361,7 +266,7 @@ class RolloutEngine:
     def _last_logits(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """The next-token logits (fp32) after the last position of every row. The LM head is applied to a 2-D
         hidden state: `logits_to_keep=1` slices [B, 1, H] out of a longer sequence, and torch's matmul then
-        expands the head's weight to a [B, H, V] copy (0.6 s for 4 prompts of the default model)."""
+        expands the head's weight to a [B, H, V] copy: the whole head once per row."""
         # the autocast copy computes under autocast, as the policy trains; other copies in their own dtype
         with torch.autocast(self.device.type, dtype=self.dtype) if self.autocast else contextlib.nullcontext():
             out = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
@@ -391,9 +296,9 @@ class RolloutEngine:
 
         sampler="cdf" draws one uniform number per row and inverts the cumulative distribution:
         the same distribution as `torch.multinomial`, which `generate` uses, but that draws an exponential
-        variate for every vocabulary entry: about 25 ms per step for 32 rows x 49152 tokens on one core, a
-        large share of a decoding step. sampler="multinomial" draws exactly as `generate` does (the same tokens
-        under the same seed; tests/training/test_rollout.py)."""
+        variate for every vocabulary entry of every row, a large share of a decoding step on a CPU.
+        sampler="multinomial" draws exactly as `generate` does (the same tokens under the same seed;
+        tests/training/test_rollout.py)."""
         scores = logits / self.temperature if self.temperature != 1.0 else logits
         if self.top_k > 0:
             kth = torch.topk(scores, min(self.top_k, scores.size(-1)))[0][..., -1, None]
@@ -530,141 +435,6 @@ class RolloutEngine:
             # the failed call may have advanced the cache's length: the round starts again
             raise _RetryRound from err
 
-    # ---------------------------------------------------------------------------------------------- TRL's hook
-
-    def rollout(self, prompts: list, trainer) -> dict:
-        """TRL's `rollout_func(prompts, trainer)`: tokenized exactly as TRL tokenizes for its own generate."""
-        self.sync(trainer)
-        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
-        device_type = self.device.type
-        with torch.autocast(device_type=device_type, enabled=False):  # the copy sets its own (_last_logits)
-            completion_ids, logprobs = self.generate(prompt_ids)
-        self.release()  # until the next round: the training step comes next
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
-
 
 class _RetryRound(Exception):
     """The compiled step failed mid-round; the round is generated again on the eager path."""
-
-
-# ---------------------------------------------------------------------------------------- importance sampling
-
-
-def enable_is_correction(trainer) -> None:
-    """Turn on TRL's own importance-sampling correction for vLLM rollouts, without vLLM, with the settings in
-    trainer.args (vllm_importance_sampling_mode and _clip_max; grpo_exp.training.trainer.grpo_config maps
-    train.rollout_is_* onto them).
-
-    GRPOTrainer applies it when `use_vllm` and `vllm_importance_sampling_correction` are set: it then always
-    scores the batch with the trained policy (`old_per_token_logps`), and weighs each token's loss by
-    exp(old - sampling log-prob), truncated or masked at the cap, per token or per sequence. Its only other use
-    of `use_vllm` on the rollout_func path is a weight sync of the vLLM engine, a no-op here: the engine
-    refreshes its copy itself (RolloutEngine.sync)."""
-    mode = trainer.args.vllm_importance_sampling_mode
-    if mode not in IS_MODES:
-        raise ValueError(f"unknown importance-sampling mode {mode!r}; choose one of {', '.join(IS_MODES)}")
-    trainer.use_vllm = True
-    trainer.vllm_importance_sampling_correction = True
-    trainer._last_loaded_step = -1
-    trainer.vllm_generation = SimpleNamespace(sync_weights=lambda: None)
-
-
-def is_weights(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
-               cap: float | None, floor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The truncated/masked importance weights pi_train / pi_sampler and which tokens the cap changed, by the
-    definition TRL applies (tests check TRL's weights against this): token modes weigh each token by its own
-    ratio, sequence modes every token by the product of its sequence's ratios."""
-    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
-    if mode.startswith("sequence"):
-        diff = diff.sum(-1, keepdim=True)
-    ratio = torch.exp(diff)
-    low = -float("inf") if floor is None else floor
-    high = float("inf") if cap is None else cap
-    outside = (ratio < low) | (ratio > high)
-    if mode.endswith("truncate"):
-        weights = ratio.clamp(min=floor, max=cap)
-    else:
-        weights = ratio.masked_fill(outside, 0.0)
-    return weights, outside.expand_as(mask) & mask.bool()
-
-
-# what mismatch_totals adds up on one process, in its order; mismatch_from_totals combines processes' rows
-MISMATCH_TOTALS = ("k3_sum", "clipped", "abs_sum", "tokens", "abs_max", "ratio_min", "ratio_sum", "ratios",
-                   "ratio_max")
-
-
-def mismatch_totals(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
-                    cap: float | None, floor: float | None = None) -> torch.Tensor:
-    """One process's sums, counts and extremes of the sampler's mismatch on its valid tokens (MISMATCH_TOTALS, a
-    float64 vector): what processes can gather and combine into the run's figures (mismatch_from_totals).
-    The importance weights are counted per valid token in token modes and per sequence in sequence modes, as TRL
-    reports them."""
-    valid = mask.bool() & ~torch.isnan(sampling_logps)
-    log_r = (old_logps - sampling_logps).masked_fill(~valid, 0.0)
-    k3 = (torch.exp(log_r) - 1 - log_r).masked_fill(~valid, 0.0)
-    weights, clipped = is_weights(old_logps, sampling_logps, mask, mode, cap, floor)
-    ratios = weights.flatten() if mode.startswith("sequence") else weights[valid]
-    abs_r = log_r.abs()[valid]
-    inf = float("inf")
-    return torch.tensor([float(k3.sum()), float((clipped & valid).sum()), float(abs_r.sum()), float(valid.sum()),
-                         float(abs_r.max()) if abs_r.numel() else -inf,
-                         float(ratios.min()) if ratios.numel() else inf, float(ratios.sum()), float(ratios.numel()),
-                         float(ratios.max()) if ratios.numel() else -inf], dtype=torch.float64)
-
-
-def mismatch_from_totals(totals: torch.Tensor) -> dict[str, float]:
-    """The mismatch over every process's tokens from their `mismatch_totals` rows ([processes, len(MISMATCH_TOTALS)]):
-    rollout/kl, rollout/clipped_frac, rollout/logp_diff_abs, and, where a process had a valid token, TRL's
-    sampling/* figures (the largest log-prob difference; the weights' min, mean and max)."""
-    t = dict(zip(MISMATCH_TOTALS, totals.reshape(-1, len(MISMATCH_TOTALS)).double().unbind(-1)))
-    tokens = float(t["tokens"].sum())
-    n = max(tokens, 1.0)
-    stats = {"rollout/kl": float(t["k3_sum"].sum()) / n, "rollout/clipped_frac": float(t["clipped"].sum()) / n,
-             "rollout/logp_diff_abs": float(t["abs_sum"].sum()) / n}
-    ratios = float(t["ratios"].sum())
-    if tokens and ratios:
-        stats.update({"sampling/sampling_logp_difference/mean": stats["rollout/logp_diff_abs"],
-                      "sampling/sampling_logp_difference/max": float(t["abs_max"].max()),
-                      "sampling/importance_sampling_ratio/min": float(t["ratio_min"].min()),
-                      "sampling/importance_sampling_ratio/mean": float(t["ratio_sum"].sum()) / ratios,
-                      "sampling/importance_sampling_ratio/max": float(t["ratio_max"].max())})
-    return stats
-
-
-def mismatch_metrics(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
-                     cap: float | None, floor: float | None = None) -> dict[str, float]:
-    """How far the sampler is from the trained policy on the sampled tokens of one process: the mean per-token
-    KL(sampler || trained) by the k3 estimator (r - 1 - log r with r = pi_train / pi_sampler, unbiased and >= 0),
-    the share of completion tokens whose weight the cap truncated or masked, the mean absolute log-prob
-    difference, and TRL's sampling/* figures (mismatch_from_totals)."""
-    return mismatch_from_totals(mismatch_totals(old_logps, sampling_logps, mask, mode, cap, floor)[None])
-
-
-def build_engine(trainer, train_cfg) -> RolloutEngine | None:
-    """The engine for `train.rollout=engine`, wired into the trainer; None (TRL's path) with a warning naming
-    why when it cannot serve this trainer."""
-    why = unsupported_reason(trainer)
-    if why:
-        # asked for by name, its absence is news; under auto, falling back is what auto means
-        log = logger.warning if train_cfg.rollout == "engine" else logger.info
-        log("train.rollout=%s: the engine is not used for %s; TRL's generation runs", train_cfg.rollout, why)
-        return None
-    kind = copy_kinds.kind(train_cfg.rollout_dtype)
-    engine = RolloutEngine(
-        trainer.model, dtype=copy_kinds.weight_dtype(kind), autocast=kind == "autocast",
-        compile=train_cfg.rollout_compile, prepack=train_cfg.rollout_prepack,
-        max_new_tokens=trainer.max_completion_length, temperature=trainer.temperature, top_k=trainer.top_k,
-        top_p=trainer.top_p, eos_token_ids=list(trainer.eos_token_ids),
-        pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler,
-        min_new_tokens=(trainer.args.generation_kwargs or {}).get("min_new_tokens", 0),
-        attention_decode=train_cfg.attention_decode)
-    trainer.rollout_func = engine.rollout
-    source = old_logps_source(train_cfg.rollout_old_logps, train_cfg.rollout_dtype, train_cfg.precision)
-    if source == "sampler":
-        engine.keep_logps = True
-        logger.info("train.rollout_old_logps=%s: PPO's old log-probs are the sampler's (%s copy); TRL's scoring "
-                    "forward over each round is skipped and no importance weights apply", train_cfg.rollout_old_logps,
-                    engine.label)
-    elif trainer.args.vllm_importance_sampling_correction:
-        enable_is_correction(trainer)
-    return engine

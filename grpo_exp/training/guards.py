@@ -1,0 +1,162 @@
+"""The trainer's guards: where training stops or skips a step instead of letting a bad one through.
+
+A NaN/inf reward or loss stops the run before the bad update (`on_nonfinite=stop`), or (`skip`) turns every
+optimizer step of its generation round into a no-op on every process; a first Ctrl-C/SIGTERM stops after the
+current step with a checkpoint; a batch meant to take its old log-probs from its own training forward refuses to
+train once the policy has moved.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from typing import Callable
+
+import torch
+from transformers import TrainerCallback
+
+from grpo_exp.base import dist, log
+
+logger = log.get_logger(__name__)
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or reward was NaN/inf; training stops before the bad update and keeps the last checkpoint."""
+
+
+# ---------------------------------------------------------------------------------------- non-finite values
+# on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that trains on it),
+# a NaN/inf loss the rest of its round; poisoned steps change no parameter or state. The state lives on the
+# trainer: `_round_poisoned` (why the current round is poisoned), `_drop_update` (the optimizer step being
+# accumulated must not happen), `skipped_steps`; `trainer` below is a trainer.GrpoExpTrainer.
+
+
+def guard_reward(trainer, func: Callable) -> Callable:
+    """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
+
+    def guarded(*args, **kwargs):
+        values = func(*args, **kwargs)
+        bad = [v for v in values if v is not None and not math.isfinite(v)]
+        if bad:
+            where = f"reward function '{func.__name__}' returned {bad[0]} at step {trainer.state.global_step + 1}"
+            if trainer.on_nonfinite == "stop":
+                raise NonFiniteError(f"{where}; stopped, last good checkpoint kept "
+                                     f"(on_nonfinite=skip drops such batches instead)")
+            trainer._round_poisoned = where
+            values = [0.0 if v is not None and not math.isfinite(v) else v for v in values]
+        return values
+
+    guarded.__name__ = func.__name__
+    return guarded
+
+
+def start_round(trainer) -> None:
+    """A new generation round starts clean (its rewards may poison it again); TRL's own test for a new round."""
+    if trainer.model.training:
+        generate_every = trainer.args.steps_per_generation * trainer.num_iterations
+        if trainer._step % generate_every == 0 or trainer._buffered_inputs is None:
+            trainer._round_poisoned = None
+
+
+def guard_loss(trainer, model, loss: torch.Tensor) -> torch.Tensor:
+    """A micro-batch's loss, checked: a NaN/inf loss stops the run (on_nonfinite=stop) or poisons the rest of its
+    round, and a poisoned round's micro-batch drops the optimizer step it accumulates into."""
+    if model.training and trainer._round_poisoned is None and not torch.isfinite(loss):
+        trainer._round_poisoned = f"non-finite loss ({float(loss)}) at step {trainer.state.global_step + 1}"
+        if trainer.on_nonfinite == "stop":
+            raise NonFiniteError(f"{trainer._round_poisoned}; stopped, last good checkpoint kept")
+    if model.training and trainer._round_poisoned is not None:
+        trainer._drop_update = True  # the optimizer step this micro-batch accumulates into is dropped
+        # A zero that still belongs to the graph: backward runs and leaves every gradient at zero.
+        return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
+    return loss
+
+
+class DropPoisonedUpdates(TrainerCallback):
+    """on_nonfinite=skip: turn the optimizer step of a poisoned round into a no-op, so parameters, AdamW's
+    moments and step count, and the LR schedule are all exactly as before it.
+
+    The trainer's optimizer is accelerate's wrapper; its `step_was_skipped` flag (set here) is what the HF
+    loop reads to leave the scheduler alone, as it does for an fp16 overflow."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        optimizer = self.trainer.optimizer
+        if getattr(optimizer, "_grpo_exp_guarded", False):
+            return
+        original = optimizer.step
+        trainer = self.trainer
+
+        def step(*a, **k):
+            # data-parallel: a non-finite value on one rank drops the update on all, or their weights part
+            drop = dist.any_rank(trainer._drop_update)
+            if drop and not trainer._drop_update:
+                trainer._drop_update = True
+                trainer._round_poisoned = trainer._round_poisoned or "a non-finite value on another process"
+            optimizer._is_overflow = trainer._drop_update
+            if trainer._drop_update:
+                return None
+            return original(*a, **k)
+
+        optimizer.step = step
+        optimizer._grpo_exp_guarded = True
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        if trainer._drop_update:
+            trainer.skipped_steps += 1
+            trainer.pending_logs.update({"skipped_update": 1, "skipped_reason": trainer._round_poisoned or "non-finite"})
+            logger.warning("step %s: update dropped (%s); parameters and optimizer state unchanged",
+                           state.global_step + 1, trainer._round_poisoned)
+            trainer._drop_update = False
+
+
+# ------------------------------------------------------------------------------------------ the policy moved
+
+
+def refuse_moved_policy(round_step: int, global_step: int) -> None:
+    """train.rollout_scoring=batch: a batch whose old log-probs are to come from its own training forward must
+    train before the policy moves from the one that sampled it."""
+    if global_step != round_step:
+        raise RuntimeError(f"train.rollout_scoring=batch: a batch of the round generated at step "
+                           f"{round_step} trains at step {global_step}, after the policy "
+                           f"moved; use train.rollout_scoring=round")
+
+
+# --------------------------------------------------------------------------------------------------- signals
+
+
+class GracefulStop(TrainerCallback):
+    """First Ctrl-C/SIGTERM: finish the current step, save a checkpoint and stop. Second: abort now."""
+
+    def __init__(self):
+        self.signal_received: int | None = None
+        self._previous = {}
+
+    def install(self) -> "GracefulStop":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame):
+        if self.signal_received is not None:
+            raise KeyboardInterrupt
+        self.signal_received = signum
+        logger.warning("%s received: saving a checkpoint after this step (press Ctrl-C again to abort at once)",
+                       signal.Signals(signum).name)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # data-parallel: every rank stops after the same step (a signal may reach them at different moments)
+        if dist.any_rank(self.signal_received is not None) and self.signal_received is None:
+            self.signal_received = signal.SIGTERM
+        if self.signal_received is not None:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
