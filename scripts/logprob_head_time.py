@@ -1,8 +1,8 @@
 """`python scripts/logprob_head_time.py [--device cuda] [--tokens N]`: the LM head's per-token log-probs and
 entropies, forward and backward under bf16 autocast (or in fp32, as training runs without native bf16:
-`--precision fp32`), with TRL's kernel and with the autocast head (`train.logprob_kernel`), at the default model's
+`--precision fp32`), with TRL's kernel and with the autocast head (`speed.logprob_kernel`), at the default model's
 shapes (2048 tokens, hidden 576, vocabulary 49152). Prints each kernel's medians (forward, backward, both) over
-timed repeats, two rounds in alternation. This is what `train.logprob_kernel=auto` was decided on for CUDA. On a
+timed repeats, two rounds in alternation. This is what `speed.logprob_kernel=auto` was decided on for CUDA. On a
 CPU it runs under grpo-exp's memory policy (`cpu.malloc` auto, as training does: without it each fresh 50 MB block
 faults its pages in) and times the head alone; grpo-bench times whole steps."""
 

@@ -1,5 +1,5 @@
 """`python scripts/rollout_mismatch.py [--copies autocast,bf16] [--rounds 3] [--out DIR]`: how far the rollout
-engine's sampling log-probs are from the trained policy's, for each kind of rollout copy (`train.rollout_dtype`),
+engine's sampling log-probs are from the trained policy's, for each kind of rollout copy (`speed.rollout_dtype`),
 next to how far the policy's own log-probs move with the batch they are scored in.
 
 Each round samples 4 completions for each of 4 basic training problems (the default model, temperature 0.8, up to 64
@@ -9,7 +9,7 @@ Per completion token, with d = log pi_policy - log pi_sampler: mean |d| and the 
 policy), exp(d) - 1 - d, the figure training logs as rollout/kl. The same two figures between the batched and the
 row-by-row scoring are the noise floor: what the policy's log-probs change by between batch shapes (the scoring
 forward and the training forward see different ones). This is the measurement behind the autocast copy
-(`train.rollout_dtype=autocast`) and `rollout_old_logps=auto` taking its log-probs (docs/log.md, "2026-11-28 — kernel
+(`speed.rollout_dtype=autocast`) and `speed.old_logps=auto` taking its log-probs (docs/log.md, "2026-11-28 — kernel
 rounding under bf16 autocast"). Writes mismatch.md and mismatch.json into --out (default
 outputs/rollout_mismatch/<timestamp>)."""
 
@@ -62,7 +62,7 @@ def gap(a, b) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--copies", default="autocast,bf16", help="train.rollout_dtype kinds, comma-separated")
+    parser.add_argument("--copies", default="autocast,bf16", help="speed.rollout_dtype kinds, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="smollm2_135m", help="a conf/model option")
     parser.add_argument("--out", default=None)

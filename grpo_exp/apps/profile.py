@@ -10,19 +10,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Where decoding time goes: generate as GRPO samples, top torch ops, LM-head bandwidth")
     p.add_argument("--path", default="generate", choices=["generate", "engine"],
                    help="what decodes: transformers' generate (TRL's path; the default) or grpo-exp's rollout "
-                        "engine (train.rollout=engine: native-dtype copy, static cache, compiled step where a "
+                        "engine (speed.generation=engine: native-dtype copy, static cache, compiled step where a "
                         "compiler is)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
                    help="--path generate: fp32, or under bf16 autocast as TRL runs it with bf16 training; auto "
                         "(the default) picks as train.precision=auto does (bf16 where the CPU has it natively). "
                         "The engine always decodes in the machine's native dtype")
     p.add_argument("--prepack", default="auto", choices=["auto", "true", "false"],
-                   help="--path engine: the copy's Linear products through grpo-exp's op (train.rollout_prepack; "
+                   help="--path engine: the copy's Linear products through grpo-exp's op (speed.exact_shortcuts; "
                         "auto: a bf16 copy where the CPU computes bf16 natively, an fp32 copy where torch's kernels "
                         "are AVX2's; false: the plain Linear layers)")
     p.add_argument("--attention-decode", default="cache_axis", choices=["cache_axis", "last_axis"],
                    help="--path engine: how the copy's grouped attention lays out a decoding step's scores "
-                        "(train.attention_decode; default cache_axis)")
+                        "(speed.attention_decode; default cache_axis)")
     p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m), or a model "
                    "directory or hub id (org/name), loaded as model=custom model.id=MODEL")
     p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")

@@ -118,6 +118,7 @@ class SpeedPlan:
     shared_prefix: bool
     saved_tensors: str  # lean | plain
     lean_reference: bool
+    embedding_grad: bool  # the tied input embedding's gradient as the rows its tokens touch
     scoring: str  # batch | round: where the engine's old log-probs of a round's batches come from
     # the engine's, None on TRL's path
     rollout_dtype: str | None
@@ -195,7 +196,7 @@ def resolve(speed: Any, train: Any, device: str | None = None) -> SpeedPlan:
                         else ("trl" if device == "cuda" else "autocast")),
         shared_prefix=shortcuts and not checkpointing,
         saved_tensors="lean" if shortcuts and precision == "bf16" and not checkpointing else "plain",
-        lean_reference=shortcuts, scoring="batch" if shortcuts else "round",
+        lean_reference=shortcuts, embedding_grad=shortcuts, scoring="batch" if shortcuts else "round",
         rollout_dtype=kind, rollout_compile=compile_step,
         rollout_prepack=engine and _prepack(kind, device, shortcuts),
         rollout_sampler=speed.rollout_sampler,

@@ -10,7 +10,7 @@ softmax is kernels/decode_attention.py's C++ kernel, which computes inductor's n
 with AVX512-BF16 the whole attention (both products and the softmax) is one kernel there, which computes the same
 numbers as the products and that softmax in turn.
 
-`train.attention=auto` (the default since 2026-11-27, later) takes it on a CPU and transformers' sdpa on CUDA,
+`speed.attention=auto` (the default since 2026-11-27, later) takes it on a CPU and transformers' sdpa on CUDA,
 where fused attention kernels are the fast path. A run's result is sensitive to such rounding changes: without
 the basic stage's KL penalty, seed 42 of the default run scored 0.250 with it where sdpa scored 0.485, greedy
 generation token-for-token the same; with the penalty and the rollout engine, seeds were scored again before it
@@ -27,17 +27,10 @@ from grpo_exp.kernels import decode_attention
 logger = log.get_logger(__name__)
 
 GROUPED = "grpo_grouped"
-# grouped attention whose decoding steps take their scores as [b, kv, g, L] (train.attention_decode=last_axis)
+# grouped attention whose decoding steps take their scores as [b, kv, g, L] (speed.attention_decode=last_axis)
 GROUPED_LAST_AXIS = "grpo_grouped_last_axis"
-# train.attention's choices: sdpa and eager are transformers' own; auto resolves by machine (resolve)
-CHOICES = ("auto", "sdpa", "grouped", "eager")
-
-
-def resolve(choice: str) -> str:
-    """What `train.attention=auto` takes: grouped on a CPU, sdpa where CUDA is (as train.rollout=auto decides)."""
-    if choice != "auto":
-        return choice
-    return "sdpa" if torch.cuda.is_available() else "grouped"
+# the choices of `use`: sdpa and eager are transformers' own (the speed plan resolves speed.attention=auto)
+CHOICES = ("sdpa", "grouped", "eager")
 
 
 def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -98,7 +91,7 @@ def grouped_attention_last_axis(module, query, key, value, attention_mask, scali
     innermost, and inductor's CPU code for a softmax along L then opens one parallel region per row and
     key/value head, about a sixth of the rollout engine's compiled decoding step at 16 rows. The maths is the
     same, the rounding is not (another GEMM layout and summation order in bf16), so it is opt-in: docs/log.md,
-    "2026-11-28 — train.attention_decode=last_axis"."""
+    "2026-11-28 — speed.attention_decode=last_axis"."""
     b, h, q, d = query.shape
     if q != 1:
         return grouped_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
@@ -111,10 +104,10 @@ def grouped_attention_last_axis(module, query, key, value, attention_mask, scali
     return torch.matmul(probs, value).view(b, q, h, d), None  # [b, kv, g, d] is [b, h, d] in head order
 
 
-# train.attention_decode -> the grouped attention registered for it: (its name in transformers, its function)
+# speed.attention_decode -> the grouped attention registered for it: (its name in transformers, its function)
 _GROUPED_BY_LAYOUT = {"cache_axis": (GROUPED, grouped_attention),
                       "last_axis": (GROUPED_LAST_AXIS, grouped_attention_last_axis)}
-# train.attention_decode's choices: how grouped attention lays out a decoding step's scores
+# speed.attention_decode's choices: how grouped attention lays out a decoding step's scores
 DECODE_LAYOUTS = tuple(_GROUPED_BY_LAYOUT)
 
 
@@ -126,7 +119,6 @@ def use(model: torch.nn.Module, choice: str, decode: str = "cache_axis") -> str 
         raise ValueError(f"unknown attention {choice!r}; choose one of {', '.join(CHOICES)}")
     if decode not in DECODE_LAYOUTS:
         raise ValueError(f"unknown decoding layout {decode!r}; choose one of {', '.join(DECODE_LAYOUTS)}")
-    choice = resolve(choice)
     name, function = _GROUPED_BY_LAYOUT[decode] if choice == "grouped" else (choice, None)
     try:
         if function is not None:

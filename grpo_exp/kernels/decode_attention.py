@@ -6,7 +6,7 @@ query heads that share a key/value head innermost. For a softmax along L of that
 one parallel region per (row, key/value head), splits L between the threads, and loads masked 3-wide vectors: about
 a sixth of the rollout engine's compiled decoding step for the default model (216 us per layer at 16 rows; docs/log.md,
 "2026-11-29 — the decoding softmax as one kernel"). Taking the softmax along the last axis instead was faster and
-changed the rounding, and runs trained with it scored lower on six seeds (train.attention_decode=last_axis).
+changed the rounding, and runs trained with it scored lower on six seeds (speed.attention_decode=last_axis).
 
 This kernel runs one parallel loop over (row, key/value head) and repeats inductor's arithmetic: each score plus
 its mask in fp32, the maxima, the exponentials through at::vec's exp (inductor's, compiled with inductor's own flags

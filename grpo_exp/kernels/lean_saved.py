@@ -30,7 +30,7 @@ import threading
 
 import torch
 
-CHOICES = ("auto", "lean", "plain")  # train.saved_tensors
+CHOICES = ("lean", "plain")  # what the speed plan resolved (lean: under bf16 with the exact shortcuts)
 
 _active = threading.local()  # .casts: the innermost lean_forward's _WeightCasts
 
@@ -50,8 +50,8 @@ class _SavedView:
 
     def unpack(self) -> torch.Tensor:
         if any(t._version != v for t, v in zip(self.sources, self.versions)):
-            raise RuntimeError("a tensor the backward needs (saved by train.saved_tensors=lean) was modified in "
-                               "place after the forward; train.saved_tensors=plain keeps copies instead")
+            raise RuntimeError("a tensor the backward needs (saved by lean_forward) was modified in "
+                               "place after the forward; speed.exact_shortcuts=false keeps copies instead")
         return self._make().as_strided(self.size, self.stride, self.offset)
 
 
@@ -236,13 +236,3 @@ def last_pass():
         weights.last_pass = False
         weights.used.clear()
         weights.earlier.clear()
-
-
-def resolve(choice: str, bf16: bool, checkpointing: bool) -> str:
-    """What `train.saved_tensors=auto` takes: lean under bf16 autocast (where the casts are), plain elsewhere and
-    under gradient checkpointing, whose own hooks decide what is saved."""
-    if choice not in CHOICES:
-        raise ValueError(f"unknown saved-tensors choice {choice!r}; choose one of {', '.join(CHOICES)}")
-    if choice != "auto":
-        return choice
-    return "lean" if bf16 and not checkpointing else "plain"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFunction
 
-CHOICES = ("auto", "trl", "autocast")  # train.logprob_kernel
+CHOICES = ("trl", "autocast")  # speed.logprob_kernel, as the speed plan resolved it
 ROWS = 256  # tokens per forward block: 256 x 49152 fp32 logits are 50 MB
 # tokens per forward block in fp32 (no autocast): there every block's product is kept for the backward anyway, so a
 # larger block holds no more memory in training (a no-grad forward holds one 200 MB block at a time), and MKL's fp32
@@ -177,22 +177,6 @@ class AutocastLogProbHead(torch.autograd.Function):
         return (grad_hidden.to(hidden.dtype) if need_h else None,
                 grad_weight.to(weight.dtype) if need_w else None,
                 grad_bias.to(bias.dtype) if need_b else None, None, None, None, None)
-
-
-def resolve(choice: str, device: str = "cpu") -> str:
-    """The kernel `train.logprob_kernel=auto` picks: this one on a CPU, TRL's on CUDA.
-
-    On a CPU under bf16 autocast its bf16 gradient GEMMs are most of the gain; in fp32 training (CPUs without native
-    bf16) both kernels' GEMMs are fp32, and this one's gain is the products kept for the backward and the fp32 maths
-    in spans (on a 2-core AVX2-only CPU: the head alone 1.42-1.44x as fast, the bench's step 1.08-1.22x at beta 0 and
-    at the default run's shape 0.96-0.99x and 1.03-1.12x in two three-round benches, its peak RSS 350-980 MB lower,
-    and held-out accuracy over two seeds as with TRL's: docs/log.md, "2026-11-29 — grpo-exp's LM head in fp32 training
-    scores"). CUDA has the fp32-output GEMM TRL's kernel asks for: there TRL's ran the default model's head, 2048
-    tokens, forward and backward, in 2.27-2.38 ms on an H100 against 7.54-7.58 ms for this one
-    (scripts/logprob_head_time.py; docs/log.md, "2026-11-27 — the six GPU tests pass on an H100")."""
-    if choice != "auto":
-        return choice
-    return "autocast" if device == "cpu" else "trl"
 
 
 def logprobs(hidden, weight, bias, targets, temperature: float, want_entropy: bool, kernel: str = "trl"):

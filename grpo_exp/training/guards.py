@@ -117,12 +117,12 @@ class DropPoisonedUpdates(TrainerCallback):
 
 
 def refuse_moved_policy(round_step: int, global_step: int) -> None:
-    """train.rollout_scoring=batch: a batch whose old log-probs are to come from its own training forward must
+    """Old log-probs by batch (speed.exact_shortcuts): a batch whose old log-probs are to come from its own training forward must
     train before the policy moves from the one that sampled it."""
     if global_step != round_step:
-        raise RuntimeError(f"train.rollout_scoring=batch: a batch of the round generated at step "
+        raise RuntimeError(f"old log-probs by batch (speed.exact_shortcuts): a batch of the round generated at step "
                            f"{round_step} trains at step {global_step}, after the policy "
-                           f"moved; use train.rollout_scoring=round")
+                           f"moved; set speed.exact_shortcuts=false")
 
 
 # --------------------------------------------------------------------------------------------------- signals

@@ -6,7 +6,7 @@ head and masks those positions out afterwards (TRL scores only valid positions o
 distinct prompts run once with a KV cache. The cache rows are then gathered back to the batch (`index_select`,
 so gradients from every completion of a group add up in the shared prompt). The completions run on top of
 that cache, and only completion positions reach the LM head: TRL's own chunked log-prob kernel, or with
-`train.logprob_kernel=autocast` kernels/logprob_head.py (the same maths, gradient GEMMs in the autocast dtype).
+`speed.logprob_kernel=autocast` kernels/logprob_head.py (the same maths, gradient GEMMs in the autocast dtype).
 
 The maths is that of TRL's forward: same positions (TRL passes no position ids, so both use 0..L-1), same
 masks, same kernel by default. Only float rounding differs. tests/test_shared_prefix.py checks log-probs, entropies

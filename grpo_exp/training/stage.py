@@ -36,6 +36,8 @@ from grpo_exp.training.guards import GracefulStop, NonFiniteError
 from grpo_exp.training.run_dir import RunLock, record_or_compare
 from grpo_exp.training.trainer import build_trainer, completions_per_step
 
+SPEED_PLAN_FILE = "speed_plan.json"
+
 logger = log.get_logger(__name__)
 
 
@@ -250,6 +252,8 @@ class StageRun:
         trainer = build_trainer(self.cfg, self.parts, output_dir=self.run_dir,
                                 callbacks=[self.monitor, self.stopper] if main else [self.stopper],
                                 report_to=report_to, run_state=run_state)
+        if main:  # what this run computes with: the resolved speed plan, less what the model forced off
+            write_json(self.run_dir / SPEED_PLAN_FILE, trainer.speed_plan.record())
         if self.cfg.eval.every_steps and main:
             trainer.add_callback(self.held_out_eval(trainer.pending_logs))
         if self.cfg.eval.forgetting_sets and main:

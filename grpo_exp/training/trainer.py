@@ -16,21 +16,18 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 from grpo_exp.base import dist, log
-from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
-from grpo_exp.kernels import attention, embedding_grad, lean_reference, lean_saved, logprob_head
+from grpo_exp.config.speed import SpeedPlan, resolve
+from grpo_exp.kernels import attention, embedding_grad, lean_reference, lean_saved
 from grpo_exp.training import checkpoints, guards, shared_prefix
 from grpo_exp.training.rollout import importance, trl_hook
-from grpo_exp.training.rollout.old_logps import old_logps_source, padded_logps
+from grpo_exp.training.rollout.old_logps import padded_logps
 
 logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra", "shared_prefix", "attention", "attention_decode", "logprob_kernel",
-                    "saved_tensors", "rollout", "rollout_dtype", "rollout_compile", "rollout_prepack", "rollout_sampler",
-                    "rollout_is_correction", "rollout_is_mode", "rollout_is_cap", "rollout_old_logps", "rollout_scoring",
-                    "lean_reference"}
+_NOT_GRPO_FIELDS = {"precision", "extra"}
 
 
 class LossTerm(Protocol):
@@ -41,23 +38,24 @@ class LossTerm(Protocol):
     def __call__(self, model: torch.nn.Module) -> torch.Tensor: ...
 
 
-def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], report_to: list[str]) -> GRPOConfig:
-    """Map `cfg.train` onto GRPOConfig; names are shared, so this is mostly a copy."""
+def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], report_to: list[str],
+                plan: SpeedPlan) -> GRPOConfig:
+    """Map `cfg.train` onto GRPOConfig (names are shared, so this is mostly a copy), with the speed plan's
+    precision and, on the engine's path, its importance-sampling settings."""
     values = OmegaConf.to_container(train_cfg, resolve=True) if isinstance(train_cfg, DictConfig) else dict(train_cfg)
     extra = values.pop("extra", None) or {}
-    precision = resolve_precision(values.pop("precision"))
+    values.pop("precision")
+    precision = plan.precision
     kwargs = {k: v for k, v in values.items() if k not in _NOT_GRPO_FIELDS}
     # transformers 5 renamed gradient_checkpointing; passing the new name avoids a deprecation warning,
     # and TRL's own default (True) would otherwise recompute the activations a small CPU model can afford to keep.
     if "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:  # older releases lack it
         kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
-    if trl_hook.resolve(values.get("rollout", "trl")) == "engine":
+    if plan.generation == "engine":
         # TRL's importance-sampling correction of vLLM rollouts, which the engine turns on
         # (training/rollout/trl_hook.py); with the sampler's log-probs as the old ones there is nothing to weigh against
-        from_policy = old_logps_source(values["rollout_old_logps"], values["rollout_dtype"], precision) == "policy"
-        kwargs.update(vllm_importance_sampling_correction=values["rollout_is_correction"] and from_policy,
-                      vllm_importance_sampling_mode=values["rollout_is_mode"],
-                      vllm_importance_sampling_clip_max=values["rollout_is_cap"])
+        kwargs.update(vllm_importance_sampling_correction=plan.is_correction and plan.old_logps == "policy",
+                      vllm_importance_sampling_mode=plan.is_mode, vllm_importance_sampling_clip_max=plan.is_cap)
     kwargs.update(extra)
     # transformers only allows bf16 autocast on the CPU when told the run is CPU-only.
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
@@ -104,7 +102,7 @@ class GrpoExpTrainer(GRPOTrainer):
       stand in for the policy's no-grad scoring, the shared-prefix forward and lean saved tensors can run, and the
       sampler's mismatch can be measured on a training forward (`_scored`, `_forward`).
     - `_generate_and_score_completions`: to defer a round's old-log-prob scoring to its batches
-      (train.rollout_scoring=batch) and to log the sampler's mismatch each round.
+      (speed.exact_shortcuts) and to log the sampler's mismatch each round.
     - `_prepare_inputs`: a new round clears the non-finite guard, and a deferred round is scored batch by batch
       (`_score_round`) once TRL has split it into batches.
     - `_get_train_sampler`: TRL's RepeatSampler reseeded per epoch, so that a resumed run draws an uninterrupted
@@ -126,9 +124,7 @@ class GrpoExpTrainer(GRPOTrainer):
 
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
-                 share_prefixes: bool = False, logprob_kernel: str = "trl", saved_tensors: str = "plain",
-                 rollout_cfg=None, lean_reference: bool = False, attention_choice: tuple[str, str] | None = None,
-                 **kwargs):
+                 plan: SpeedPlan, **kwargs):
         self.on_nonfinite = on_nonfinite
         # on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that
         # trains on it), a NaN/inf loss the rest of its round; poisoned steps change no parameter or state
@@ -138,12 +134,12 @@ class GrpoExpTrainer(GRPOTrainer):
         kwargs["reward_funcs"] = [guards.guard_reward(self, f) for f in kwargs["reward_funcs"]]
         super().__init__(*args, **kwargs)
         self.add_callback(guards.DropPoisonedUpdates(self))
-        if attention_choice is not None and self.ref_model is not None:
+        if self.ref_model is not None:
             # TRL loads the KL reference afresh, with transformers' attention; with the policy's attention the
             # KL at a step where the two hold the same weights is 0, not a rounding difference
-            attention.use(self.accelerator.unwrap_model(self.ref_model), *attention_choice)
-        if lean_reference:
-            self._shrink_reference()
+            attention.use(self.accelerator.unwrap_model(self.ref_model), plan.attention, plan.attention_decode)
+        if plan.lean_reference and not self._shrink_reference():
+            plan = dataclasses.replace(plan, lean_reference=False)
         self.extra_loss = extra_loss
         self.completions_path = Path(completions_path) if completions_path else None
         self.completions_every = completions_every
@@ -151,24 +147,23 @@ class GrpoExpTrainer(GRPOTrainer):
         self._last_sampled_step = -1
         # figures measured outside the step (held-out accuracy): merged into the next log row
         self.pending_logs: dict = {}
-        self.share_prefixes = share_prefixes
-        self.logprob_kernel = logprob_head.resolve(logprob_kernel, device=self.accelerator.device.type)
-        if share_prefixes:
+        if plan.shared_prefix:
             why_not = shared_prefix.unsupported_reason(self.model) or (
                 "train.extra.cast_lm_head_to_fp32" if self.args.cast_lm_head_to_fp32 else None)
             if why_not:
-                logger.info("train.shared_prefix: off for %s; TRL's own forward scores the batch", why_not)
-                self.share_prefixes = False
-        if self.share_prefixes:
-            logger.info("train.logprob_kernel=%s: %s", logprob_kernel, self.logprob_kernel)
-        self.saved_tensors = lean_saved.resolve(saved_tensors, bf16=self.args.bf16,
-                                                checkpointing=bool(self.args.gradient_checkpointing))
-        logger.info("train.saved_tensors=%s: %s", saved_tensors, self.saved_tensors)
-        # train.rollout=engine: grpo-exp's sampler through TRL's rollout_func (None: TRL's generate)
-        path = trl_hook.resolve(rollout_cfg.rollout) if rollout_cfg is not None else "trl"
-        if rollout_cfg is not None and rollout_cfg.rollout == "auto":
-            logger.info("train.rollout=auto: %s", path)
-        self.rollout_engine = trl_hook.build_engine(self, rollout_cfg) if path == "engine" else None
+                logger.info("shared-prefix scoring off for %s; TRL's own forward scores the batch", why_not)
+                plan = dataclasses.replace(plan, shared_prefix=False)
+        # speed.generation=engine: grpo-exp's sampler through TRL's rollout_func (None: TRL's generate)
+        self.rollout_engine = trl_hook.build_engine(self, plan) if plan.generation == "engine" else None
+        if plan.generation == "engine" and self.rollout_engine is None:
+            plan = dataclasses.replace(plan, generation="trl", rollout_dtype=None, rollout_compile=False,
+                                       rollout_prepack=False, old_logps=None)
+        # what this trainer runs: the resolved plan less what this model or TRL setting forced off
+        self.speed_plan = plan
+        self.share_prefixes = plan.shared_prefix
+        self.logprob_kernel = plan.logprob_kernel
+        self.saved_tensors = plan.saved_tensors
+        logger.info("speed plan: %s", ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(plan).items()))
         # (the sampler's log-probs, completion mask) of a batch whose training forward measures the mismatch
         self._mismatch_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         # Old log-probs by batch (see _score_round): TRL's scoring of each round is deferred to its batches
@@ -178,7 +173,7 @@ class GrpoExpTrainer(GRPOTrainer):
         self.score_by_batch = (self.rollout_engine is not None and self.use_vllm
                                and self.vllm_importance_sampling_correction and self.num_iterations == 1
                                and (spg % accumulation == 0 or accumulation % spg == 0)
-                               and getattr(rollout_cfg, "rollout_scoring", "batch") == "batch")
+                               and plan.scoring == "batch")
         self._round_step = -1  # the optimizer step the current round's on-policy batches belong to
         self._deferring = False  # TRL is generating a round whose scoring forward is deferred
         self._round_to_score = False  # a round was generated whose batches are not scored yet
@@ -205,26 +200,27 @@ class GrpoExpTrainer(GRPOTrainer):
                 self._metrics["train"][key].append(stats[key])
         return scored
 
-    def _shrink_reference(self) -> None:
-        """train.lean_reference: the KL reference's Linear weights in bf16, off the model file's map, where its
-        forwards run under bf16 autocast (kernels/lean_reference.py)."""
+    def _shrink_reference(self) -> bool:
+        """speed.exact_shortcuts: the KL reference's Linear weights in bf16, off the model file's map, where its
+        forwards run under bf16 autocast (kernels/lean_reference.py); False where it is kept as TRL loads it."""
         amp = self.accelerator.native_amp and self.accelerator.mixed_precision == "bf16"
         reference = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
         why_not = lean_reference.unsupported_reason(
             reference, autocast_dtype=torch.bfloat16 if amp else None,
             syncs_with_policy=bool(self.args.sync_ref_model), head_in_fp32=bool(self.args.cast_lm_head_to_fp32))
         if why_not:
-            logger.info("train.lean_reference: the KL reference kept as TRL loads it (%s)", why_not)
-            return
+            logger.info("lean reference: the KL reference kept as TRL loads it (%s)", why_not)
+            return False
         before, after = lean_reference.shrink(reference, torch.bfloat16)
-        logger.info("train.lean_reference: the KL reference's Linear weights in bf16 (%.0f MB of parameters, "
+        logger.info("lean reference: the KL reference's Linear weights in bf16 (%.0f MB of parameters, "
                     "%.0f before), off the model file's memory map", after / 2**20, before / 2**20)
+        return True
 
     def _scored(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
                 compute_aux_loss=False, **model_kwargs):
-        """TRL's scoring forward, with each distinct prompt run once per chunk (train.shared_prefix).
+        """TRL's scoring forward, with each distinct prompt run once per chunk (speed.exact_shortcuts).
 
-        With train.rollout_old_logps=sampler, TRL's no-grad scoring of the round by the policy (its old
+        With speed.old_logps=sampler, TRL's no-grad scoring of the round by the policy (its old
         log-probs) takes the engine's sampling log-probs instead of a forward."""
         engine = self.rollout_engine
         if (engine is not None and engine.pending_logps is not None and model is self.model
@@ -315,7 +311,7 @@ class GrpoExpTrainer(GRPOTrainer):
         return inputs
 
     def _score_round(self) -> None:
-        """PPO's old log-probs and the importance weights of a new round, batch by batch (train.rollout_scoring=batch).
+        """PPO's old log-probs and the importance weights of a new round, batch by batch (speed.exact_shortcuts).
 
         TRL scores the whole round with the policy before training on it. The batches trained before the next
         optimizer step meet a policy that has not moved since it sampled them, so their own training forward
@@ -439,15 +435,20 @@ class GrpoExpTrainer(GRPOTrainer):
 
 
 def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCallback],
-                  report_to: list[str] | None = None, run_state: dict | None = None) -> GrpoExpTrainer:
-    """The one place a trainer is made: a stage's parts (training.stage.prepare) and cfg.train."""
-    args = grpo_config(cfg.train, Path(output_dir) / "checkpoints", parts.reward_weights, report_to or [])
+                  report_to: list[str] | None = None, run_state: dict | None = None,
+                  plan: SpeedPlan | None = None) -> GrpoExpTrainer:
+    """The one place a trainer is made: a stage's parts (training.stage.prepare), cfg.train and the speed plan
+    (config/speed.resolve of cfg.speed; a test may pass a plan of its own to compare two of them)."""
+    plan = plan or resolve(cfg.speed, cfg.train)
+    args = grpo_config(cfg.train, Path(output_dir) / "checkpoints", parts.reward_weights, report_to or [], plan)
     policy = shared_prefix.scoring_model(parts.model)  # a peft wrapper's inner model, whose attention runs
-    logger.info("train.attention=%s: %s", cfg.train.attention,
-                attention.use(policy, cfg.train.attention, cfg.train.attention_decode)
-                or policy.config._attn_implementation)
-    if embedding_grad.install(policy):  # the same gradients, without a vocabulary-sized buffer per lookup
+    logger.info("speed.attention=%s: %s", plan.attention,
+                attention.use(policy, plan.attention, plan.attention_decode) or policy.config._attn_implementation)
+    # the same gradients, without a vocabulary-sized buffer per lookup (where the input embedding is the tied head)
+    installed = plan.embedding_grad and embedding_grad.install(policy)
+    if installed:
         logger.info("input embedding tied to the LM head: its gradient is taken as the rows its tokens touch")
+    plan = dataclasses.replace(plan, embedding_grad=bool(installed))
     return GrpoExpTrainer(
         model=parts.model,
         reward_funcs=parts.reward_funcs,
@@ -461,12 +462,7 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
         completions_every=cfg.completions_every,
         on_nonfinite=cfg.on_nonfinite,
         run_state=run_state,
-        share_prefixes=cfg.train.shared_prefix,
-        logprob_kernel=cfg.train.logprob_kernel,
-        saved_tensors=cfg.train.saved_tensors,
-        rollout_cfg=cfg.train,
-        lean_reference=cfg.train.lean_reference,
-        attention_choice=(cfg.train.attention, cfg.train.attention_decode),
+        plan=plan,
     )
 
 

@@ -54,7 +54,7 @@ def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_pro
         [sys.executable, "-m", "grpo_exp.apps.bench", "--steps", "1", "--warmup", "0", "--model", "tiny_random",
          "--max-completion-length", "8", "--prompts-per-step", "1", "--num-generations", "2", "--threads", "1",
          "--baseline", "fp32", "--baseline", "trl-defaults", "--out", str(out), "--fixed-length", "--profile",
-         "--candidate", "engine=train.rollout=engine,train.rollout_compile=false"],
+         "--candidate", "engine=speed.generation=engine,speed.rollout_compile=false"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "bench.json").read_text())

@@ -10,7 +10,7 @@ from grpo_exp.base.errors import ConfigError
 from grpo_exp.training.trainer import grpo_config
 from tests.conftest import CONF_DIR, assert_fails_fast_with_one_line, compose_cfg, run_module
 
-GROUPS = ["model", "stage", "reward", "quantization", "cpu", "train", "logger", "paths", "debug"]
+GROUPS = ["model", "stage", "reward", "quantization", "cpu", "train", "speed", "logger", "paths", "debug"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]
 
 
@@ -58,9 +58,8 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
     (["reward.weights=[1.0]"], "weights"),
     (["stage=gsm8k", "stage.path=/no/such/gsm8k.jsonl"], "/no/such/gsm8k.jsonl"),
     (["+train.extra.not_a_field=1"], "not_a_field"),
-    (["train.saved_tensors=tight"], "train.saved_tensors='tight' is not valid; choose one of: auto, lean, plain"),
-    (["train.saved_tensors=lean", "train.gradient_checkpointing=true"],
-     "train.saved_tensors=lean cannot be met with train.gradient_checkpointing=true"),
+    (["speed.generation=fast"], "speed.generation='fast' is not valid; choose one of: auto, trl, engine"),
+    (["speed.is_cap=0.5"], "speed.is_cap=0.5 must be a finite number >= 1"),
 ])
 def test_semantic_errors_are_one_line(tmp_path, overrides, needle):
     cfg = compose_cfg(overrides, tmp_path)
@@ -75,6 +74,10 @@ BAD_CLI = [
     (["model=nope"], "unknown model option 'nope'; valid choices: custom, gemma3_270m"),
     (["stage=expert"], "valid choices: advanced, basic, gsm8k, intermediate, multi_step, two_step"),
     (["train.max_steps=abc"], "train.max_steps"),
+    # the speed switches that left train.*: one line naming the new key
+    (["train.rollout=trl"], "train.rollout has moved: set speed.generation instead"),
+    (["train.saved_tensors=lean"], "train.saved_tensors has moved: set speed.exact_shortcuts instead"),
+    (["-m", "train.attention=sdpa,grouped"], "train.attention has moved: set speed.attention instead"),
     (["train.max_stepz=3"], "unknown config key 'train.max_stepz'; valid keys under train:"),
     # the group named first (as the web app's Launch tab does) must not take the blame
     (["train=default", "train.max_stepz=3"], "unknown config key 'train.max_stepz'; valid keys under train:"),
@@ -107,13 +110,15 @@ def test_config_choices_match_the_code_that_implements_them():
     # The config layer validates choices before any model loads, so it keeps its own copies of the
     # lists that the lower and higher layers implement; a choice added on one side only would either be
     # refused by the config or pass it and fail after the model loaded.
-    from grpo_exp.config.schema import StageConfig, TrainConfig
+    from grpo_exp.config import speed
+    from grpo_exp.config.schema import StageConfig
     from grpo_exp.kernels import attention, logprob_head
     from grpo_exp.core.data.generators import LEVELS
 
-    assert TrainConfig.ATTENTIONS == attention.CHOICES
-    assert TrainConfig.ATTENTION_DECODES == attention.DECODE_LAYOUTS
-    assert TrainConfig.LOGPROB_KERNELS == logprob_head.CHOICES
+    # the speed node's choices are the kernels' own, plus auto, which the plan resolves
+    assert speed.ATTENTIONS == ("auto", *attention.CHOICES)
+    assert speed.ATTENTION_DECODES == attention.DECODE_LAYOUTS
+    assert speed.LOGPROB_KERNELS == ("auto", *logprob_head.CHOICES)
     assert StageConfig.DATASETS == (*LEVELS, "gsm8k")
 
 
@@ -142,24 +147,16 @@ def test_recipe_sweeps_name_ablations_that_compose(experiment, tmp_path):
         assert (name == "none") == (not changed and job.reward == default.reward and job.stage == default.stage), name
 
 
-def test_the_default_samples_with_the_engine_and_rollout_trl_gives_the_earlier_path(tmp_path):
-    # docs/log.md, "2026-11-27 — the engine with grouped attention": the engine and grouped attention (each `auto`: by
-    # machine) became the default; ablation=rollout_trl reproduces every figure measured before, through TRL's
-    # generate and sdpa
-    default = compose_cfg(["stage=basic"], tmp_path).train
-    assert (default.rollout, default.attention) == ("auto", "auto")
-    earlier = compose_cfg(["stage=basic", "ablation=rollout_trl"], tmp_path).train
-    assert (earlier.rollout, earlier.attention) == ("trl", "sdpa")
-    assert {k for k in default if default[k] != earlier[k]} == {"rollout", "attention"}
+def test_speed_trl_changes_only_the_speed_node_and_plans_plain_trls_path(tmp_path):
+    # speed=trl: TRL's generate, sdpa, TRL's log-prob kernel, none of grpo-exp's shortcuts; the recipe is untouched
+    from grpo_exp.config.speed import resolve
 
-
-def test_decode_last_axis_changes_only_the_decoding_layout(tmp_path):
-    # docs/log.md, "2026-11-28 — train.attention_decode=last_axis": opt-in, compared over seeds as an ablation
-    default = compose_cfg(["stage=basic"], tmp_path).train
-    assert default.attention_decode == "cache_axis"
-    other = compose_cfg(["stage=basic", "ablation=decode_last_axis"], tmp_path).train
-    assert {k for k in default if default[k] != other[k]} == {"attention_decode"}
-    assert other.attention_decode == "last_axis"
+    default, trl = compose_cfg(["stage=basic"], tmp_path), compose_cfg(["stage=basic", "speed=trl"], tmp_path)
+    assert default.train == trl.train and default.speed.generation == "auto"
+    plan = resolve(trl.speed, trl.train)
+    assert (plan.generation, plan.attention, plan.logprob_kernel) == ("trl", "sdpa", "trl")
+    assert not (plan.shared_prefix or plan.lean_reference or plan.embedding_grad or plan.rollout_prepack)
+    assert (plan.saved_tensors, plan.scoring, plan.rollout_dtype, plan.old_logps) == ("plain", "round", None, None)
 
 
 def test_basic_stage_has_a_kl_penalty_and_beta_0_turns_it_off(tmp_path):

@@ -40,7 +40,7 @@ def shared_prefix_scoring(model, ids, mask, keep):
 
 
 def shared_prefix_scoring_trl_head(model, ids, mask, keep):
-    """With TRL's LM-head kernel, which train.logprob_kernel=auto picks on CUDA."""
+    """With TRL's LM-head kernel, which speed.logprob_kernel=auto picks on CUDA."""
     return shared_prefix.completion_logps(model, ids, mask, keep, 0.7, True, "trl")[0]
 
 
@@ -95,7 +95,7 @@ def deterministic_cuda(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("attn", ["sdpa", "grouped"])  # train.attention=auto's choice on CUDA, and on a CPU
+@pytest.mark.parametrize("attn", ["sdpa", "grouped"])  # speed.attention=auto's choice on CUDA, and on a CPU
 @pytest.mark.parametrize("score", [shared_prefix_scoring, shared_prefix_scoring_trl_head, trl_path],
                          ids=["shared_prefix", "shared_prefix_trl_head", "trl_forward"])
 def test_log_probs_and_gradients_equal_autocasts_bit_for_bit_on_cuda(llama_cuda, deterministic_cuda, score, attn):
@@ -215,12 +215,3 @@ def test_outside_autocast_or_without_gradients_nothing_changes(llama):
         expected = trl_path(llama, ids, mask, keep)
         with lean_saved.lean_forward(llama):
             assert torch.equal(trl_path(llama, ids, mask, keep), expected)
-
-
-def test_auto_is_lean_under_bf16_training_without_gradient_checkpointing():
-    assert lean_saved.resolve("auto", bf16=True, checkpointing=False) == "lean"
-    assert lean_saved.resolve("auto", bf16=False, checkpointing=False) == "plain"
-    assert lean_saved.resolve("auto", bf16=True, checkpointing=True) == "plain"
-    assert lean_saved.resolve("plain", bf16=True, checkpointing=False) == "plain"
-    with pytest.raises(ValueError, match="choose one of auto, lean, plain"):
-        lean_saved.resolve("tight", bf16=True, checkpointing=False)

@@ -3,6 +3,7 @@ that builds a trainer around a composed config, trains it and reports what its s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from grpo_exp.base import cpu
 from grpo_exp.config.checks import validate
+from grpo_exp.config.speed import resolve
 from grpo_exp.core import data, models, rewards
 from grpo_exp.training.stage import StageParts
 from grpo_exp.training.trainer import build_trainer
@@ -26,8 +28,9 @@ def spread_reward(monkeypatch):
     return SPREAD_REWARD
 
 
-def train_briefly(cfg):
-    """Train cfg's model on 16 basic problems for cfg.train.max_steps through build_trainer.
+def train_briefly(cfg, **plan_changes):
+    """Train cfg's model on 16 basic problems for cfg.train.max_steps through build_trainer; `plan_changes`
+    replace fields of the speed plan cfg.speed resolves to (one exact shortcut off, say).
 
     Returns (trainer, every batch compute_loss saw, the logged losses, whether any parameter moved). The
     process's thread settings are restored afterwards, so later tests are not left on cfg's."""
@@ -40,13 +43,14 @@ def train_briefly(cfg):
         model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         parts = StageParts(model, tokenizer, [], dataset, funcs, weights, None, None, None)
-        trainer = build_trainer(cfg, parts, output_dir=cfg.paths.output_dir, callbacks=[])
+        plan = dataclasses.replace(resolve(cfg.speed, cfg.train), **plan_changes)
+        trainer = build_trainer(cfg, parts, output_dir=cfg.paths.output_dir, callbacks=[], plan=plan)
         seen = []
         compute_loss = trainer.compute_loss
 
         def recording(model, inputs, *a, **kw):
             loss = compute_loss(model, inputs, *a, **kw)
-            # after the loss: what it used, including what the training forward added (train.rollout_scoring=batch)
+            # after the loss: what it used, including what the training forward added (old log-probs by batch)
             seen.append({k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
             return loss
 

@@ -91,10 +91,10 @@ def test_shared_prefix_scoring_matches_trl_on_cuda(tmp_path):
 
 
 def test_a_grpo_step_through_the_rollout_engine_and_the_autocast_head_on_cuda(tmp_path, spread_reward):
-    """The engine's bf16 copy (its decoding step compiled, as `train.rollout_compile=auto` does on CUDA) samples,
+    """The engine's bf16 copy (its decoding step compiled, as `speed.rollout_compile=auto` does on CUDA) samples,
     TRL's importance correction weights the loss, and the autocast LM head's backward updates the policy."""
     cfg = compose_cfg(smoke("logger=none", "train.max_steps=2", "train.learning_rate=1e-3", "train.save_steps=100",
-                            "train.rollout=engine", "train.logprob_kernel=autocast", *spread_reward), tmp_path)
+                            "speed.generation=engine", "speed.logprob_kernel=autocast", *spread_reward), tmp_path)
     trainer, seen, losses, moved = train_briefly(cfg)
     engine = trainer.rollout_engine
     assert engine is not None and engine.device.type == "cuda" and engine.dtype == torch.bfloat16

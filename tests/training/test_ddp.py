@@ -44,7 +44,7 @@ ONE = [*RUN, "cpu.threads=1", "train.per_device_train_batch_size=4"]
 # The comparisons with one process sample through TRL's `generate`, which GRPO_EXP_TEST_ROW_SEEDED seeds per
 # row; the default path (the rollout engine on a CPU) draws from each process's own stream, as TRL's does
 # unseeded, and is trained by the `two` run
-TRL_PATH = ["train.rollout=trl"]
+TRL_PATH = ["speed.generation=trl"]
 PARAM_ATOL = 2e-5
 FISHER_RTOL = 1e-4
 

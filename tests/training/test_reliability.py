@@ -378,24 +378,47 @@ def test_soak_five_sigkills_at_random_points_end_where_an_uninterrupted_run_ends
 
 
 def test_resume_of_a_run_older_than_an_option_left_at_its_default(tmp_path):
-    """A run started before train.rollout existed trained with TRL's generation: resuming it with that path
+    """A run started before speed.generation existed trained with TRL's generation: resuming it with that path
     named is not a change, but with today's default (auto: the engine on a CPU) or the engine it is."""
     from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
 
     cfg = compose_cfg(["debug=smoke"], tmp_path)
     recorded = {k: v for k, v in training_settings(cfg).items()
-                if k != "train.rollout" and not k.startswith("resolved.")}  # such a record kept no resolved choices
+                if k != "speed.generation" and not k.startswith("resolved.")}  # such a record kept no resolved choices
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
-    record_or_compare(compose_cfg(["debug=smoke", "resume=true", "train.rollout=trl"], tmp_path), tmp_path)
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true", "speed.generation=trl"], tmp_path), tmp_path)
     for choice in ("auto", "engine"):
-        with pytest.raises(ConfigError, match=rf"train.rollout \('<unset>' -> '{choice}'\)"):
-            record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"train.rollout={choice}"], tmp_path),
+        with pytest.raises(ConfigError, match=rf"speed.generation \('<unset>' -> '{choice}'\)"):
+            record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"speed.generation={choice}"], tmp_path),
                               tmp_path)
-    with pytest.raises(ConfigError, match=r"train.rollout \('<unset>' -> 'auto'\)"):  # the default
+    with pytest.raises(ConfigError, match=r"speed.generation \('<unset>' -> 'auto'\)"):  # the default
         record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
 
 
-@pytest.mark.parametrize("key,before", [("train.attention", "sdpa"), ("train.logprob_kernel", "trl")])
+def test_a_record_from_before_the_speed_group_resumes_under_the_new_names(tmp_path):
+    """Runs recorded their speed switches as train.* keys: the same settings under speed.* resume, a changed one
+    is named by its new key."""
+    from grpo_exp.config.speed import MOVED
+    from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
+
+    old_name = {new: f"train.{old}" for old, new in MOVED.items() if new != "speed.exact_shortcuts"}
+    recorded = {}
+    for key, value in training_settings(compose_cfg(["debug=smoke"], tmp_path)).items():
+        prefix = "resolved." if key.startswith("resolved.") else ""
+        base = key[len(prefix):]
+        if base in ("speed.name", "speed.exact_shortcuts"):
+            continue  # keys the old records did not have
+        recorded[prefix + old_name.get(base, base)] = value
+    recorded.update({"train.shared_prefix": True, "train.lean_reference": True, "train.rollout_scoring": "batch"})
+    assert "train.rollout" in recorded and "speed.generation" not in recorded
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
+    with pytest.raises(ConfigError, match=r"speed.rollout_sampler \('cdf' resolved to 'cdf' at the start -> 'multinomial'"):
+        record_or_compare(compose_cfg(["debug=smoke", "resume=true", "speed.rollout_sampler=multinomial"],
+                                      tmp_path), tmp_path)
+
+
+@pytest.mark.parametrize("key,before", [("speed.attention", "sdpa"), ("speed.logprob_kernel", "trl")])
 def test_resume_of_a_run_older_than_an_option_whose_default_changed(tmp_path, key, before):
     """A run recorded before the option existed trained as its first behaviour did (sdpa; TRL's kernel), not
     as today's default `auto`: naming that behaviour resumes it, the default is a change."""
@@ -426,10 +449,10 @@ def test_a_resume_compares_what_each_auto_resolved_to(tmp_path):
     # started where auto picked the other precision and the other log-prob kernel (another machine, an older
     # version)
     other = {"bf16": "fp32", "fp32": "bf16"}[here]
-    kernel = recorded["resolved.train.logprob_kernel"]
+    kernel = recorded["resolved.speed.logprob_kernel"]
     other_kernel = {"trl": "autocast", "autocast": "trl"}[kernel]
     there = resolved_choices(compose_cfg(["debug=smoke", f"train.precision={other}",
-                                          f"train.logprob_kernel={other_kernel}"], tmp_path))
+                                          f"speed.logprob_kernel={other_kernel}"], tmp_path))
     (tmp_path / SETTINGS_FILE).write_text(json.dumps({**{k: v for k, v in recorded.items()
                                                          if not k.startswith("resolved.")},
                                                       **{f"resolved.{k}": v for k, v in there.items()}}))
@@ -439,15 +462,15 @@ def test_a_resume_compares_what_each_auto_resolved_to(tmp_path):
     assert "\n" not in message
     assert (f"train.precision ('auto' resolved to '{other}' at the start -> 'auto' resolves to '{here}' here; "
             f"train.precision={other} trains as it started)") in message
-    assert f"train.logprob_kernel={other_kernel} trains as it started" in message
-    assert "train.attention" not in message  # resolved alike: not a change
+    assert f"speed.logprob_kernel={other_kernel} trains as it started" in message
+    assert "speed.attention" not in message  # resolved alike: not a change
     # naming what auto picked at the start is no change, though the value as given differs ('auto' -> 'trl')
     record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"train.precision={other}",
-                                   f"train.logprob_kernel={other_kernel}"], tmp_path), tmp_path)
+                                   f"speed.logprob_kernel={other_kernel}"], tmp_path), tmp_path)
     with pytest.raises(ConfigError, match="train.precision") as info:  # naming one leaves the other's change
-        record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"train.logprob_kernel={other_kernel}"],
+        record_or_compare(compose_cfg(["debug=smoke", "resume=true", f"speed.logprob_kernel={other_kernel}"],
                                       tmp_path), tmp_path)
-    assert "train.logprob_kernel" not in str(info.value)
+    assert "speed.logprob_kernel" not in str(info.value)
     # resume_allow_changes goes on, and records what this process resolved
     record_or_compare(compose_cfg(["debug=smoke", "resume=true", "resume_allow_changes=true"], tmp_path), tmp_path)
     assert json.loads((tmp_path / SETTINGS_FILE).read_text())["resolved.train.precision"] == here

@@ -1,4 +1,4 @@
-"""train.rollout=engine (training/rollout/): it samples what `generate` samples, its importance weights are
+"""speed.generation=engine (training/rollout/): it samples what `generate` samples, its importance weights are
 TRL's correction computed by hand, and a GRPO step through either rollout path trains. No timing assertions:
 speed belongs to grpo-bench."""
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from grpo_exp.config.checks import validate
-from grpo_exp.config.schema import TrainConfig
 from grpo_exp.base import cpu
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.core import copy_kinds, models
+from grpo_exp.config import speed
+from grpo_exp.core import models
 from grpo_exp.kernels import attention, decode_attention, packed_linear, small_rows
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
@@ -24,7 +24,7 @@ from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (f
 
 FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none",
         "train.max_completion_length=8", "reward.funcs=[vowel_fraction]", "reward.weights=[1.0]",
-        "train.save_steps=100", "train.max_steps=1", "train.rollout_compile=false"]
+        "train.save_steps=100", "train.max_steps=1", "speed.rollout_compile=false"]
 PROMPTS = ["What is 7 + 5?", "Tom has 12 apples and eats 3 of them. How many are left?"]
 
 
@@ -105,7 +105,7 @@ def test_fp32_copy_draws_the_tokens_generate_draws(tiny, sampling):
 
 @pytest.mark.parametrize("compile", [False, "auto"], ids=["eager", "compiled"])
 def test_the_last_axis_decoding_layout_samples_what_the_default_samples(tiny, compile):
-    """train.attention_decode=last_axis reaches the rollout copy, and an fp32 copy with it draws the same tokens
+    """speed.attention_decode=last_axis reaches the rollout copy, and an fp32 copy with it draws the same tokens
     with the same log-probs (to rounding) as with the default layout, eager and compiled."""
     model, tokenizer, prompts = tiny
     rows = [p for p in prompts for _ in range(4)]
@@ -301,7 +301,7 @@ def test_compile_off_or_no_compiler_decodes_eager_with_a_warning(tiny, monkeypat
     model, tokenizer, _ = tiny
     monkeypatch.setattr(rollout.engine, "compiler_missing", lambda: "no C++ compiler (g++ or clang++) on PATH")
     with caplog.at_level("WARNING", logger="grpo_exp"):
-        engine = engine_for(model, tokenizer, [0], compile="auto")
+        engine = engine_for(model, tokenizer, [0], compile=True)
     assert not engine.compiled
     assert "decoding step runs eager (no C++ compiler" in caplog.text
 
@@ -376,20 +376,21 @@ def test_refresh_copies_in_place_into_the_bf16_copy(tiny):
 
 
 def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
-    """train.rollout_prepack: the bf16 copy with its Linear weights packed for oneDNN (the decoding step compiled,
+    """Packed weights (with speed.exact_shortcuts): the bf16 copy with its Linear weights packed for oneDNN (the decoding step compiled,
     products that share an input fused) draws the plain copy's tokens with the same log-probs, and again after the
-    policy moved, a release and a refill. Where the CPU has no native bf16, auto leaves the weights plain and true
-    is refused."""
+    policy moved, a release and a refill. Where the CPU has no native bf16, the plan leaves the weights plain and
+    the engine refuses to pack them."""
     model, tokenizer, prompts = tiny
     rows = [p for p in prompts for _ in range(2)]
     eos = [tokenizer.eos_token_id]
     if packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu")):
-        assert engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack="auto").packed == []
-        with pytest.raises(ValueError, match="train.rollout_prepack=true cannot be met"):
+        assert not speed.resolve(speed.SpeedConfig(), type("T", (), {"precision": "bf16",
+                                 "gradient_checkpointing": False})(), device="cpu").rollout_prepack
+        with pytest.raises(ValueError, match="packed rollout weights cannot be used here"):
             engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack=True)
         return
     plain = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, compile=True, prepack=False)
-    packed = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, compile=True)  # auto packs here
+    packed = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, compile=True, prepack=True)
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert not plain.packed and len(packed.packed) == linears
     assert isinstance(packed.head, packed_linear.PackedLinear)
@@ -470,7 +471,7 @@ def test_an_fp32_copy_through_the_fp32_kernel_samples_what_the_plain_copy_sample
 
 
 def test_the_autocast_copy_casts_what_autocast_casts_and_shares_the_rest(tiny):
-    """train.rollout_dtype=autocast: every Linear weight a bf16 copy (the tied LM head one of its own), the
+    """speed.rollout_dtype=autocast: every Linear weight a bf16 copy (the tied LM head one of its own), the
     embedding, norms and buffers the policy's own fp32 tensors; a refresh recasts the Linear weights in place."""
     model, tokenizer, _ = tiny
     engine = engine_for(model, tokenizer, [0], dtype=torch.bfloat16, autocast=True)
@@ -507,7 +508,7 @@ def test_the_autocast_copy_computes_what_the_autocast_policy_computes(tiny):
     ids = torch.tensor([prompts[1]])
     positions = torch.arange(ids.size(1))[None]
     own = model.config._attn_implementation
-    attention.use(model, "grouped")  # the copy's attention, as training sets it for the policy (train.attention)
+    attention.use(model, "grouped")  # the copy's attention, as training sets it for the policy (speed.attention)
     try:
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # the head on the last position only
             hidden = model.model(input_ids=ids, position_ids=positions).last_hidden_state[:, -1]
@@ -558,7 +559,7 @@ def by_hand(old, samp, mask, mode, cap):
     return weights, clipped
 
 
-@pytest.mark.parametrize("mode", TrainConfig.IS_MODES)
+@pytest.mark.parametrize("mode", speed.IS_MODES)
 def test_is_weights_equal_a_hand_computation(mode):
     gen = torch.Generator().manual_seed(0)
     old = -torch.rand(3, 5, generator=gen) * 3
@@ -637,7 +638,7 @@ def one_step(tmp_path, overrides: list[str]):
 
 @pytest.mark.parametrize("path", ["trl", "engine"])
 def test_one_grpo_step_through_each_rollout_path(tmp_path, path):
-    trainer, seen, losses, moved = one_step(tmp_path, [f"train.rollout={path}"])
+    trainer, seen, losses, moved = one_step(tmp_path, [f"speed.generation={path}"])
     assert losses and all(math.isfinite(x) for x in losses), losses
     assert moved, "no parameter changed: the step did not update the policy"
     assert (trainer.rollout_engine is not None) == (path == "engine")
@@ -646,7 +647,7 @@ def test_one_grpo_step_through_each_rollout_path(tmp_path, path):
         assert trainer.rollout_engine.dtype == rollout.native_dtype()
         assert "sampling_per_token_logps" in seen[0]
         # the mismatch is logged either way: from TRL's scoring forward, or measured on the training forward
-        corrected = rollout.old_logps_source("auto", "auto", "auto") == "policy"
+        corrected = trainer.speed_plan.old_logps == "policy"
         assert ("importance_sampling_ratio" in seen[0]) == corrected
         keys = ("rollout/kl", "rollout/clipped_frac", "sampling/importance_sampling_ratio/mean") if corrected else (
             "rollout/kl", "rollout/logp_diff_abs")
@@ -657,15 +658,15 @@ def test_one_grpo_step_through_each_rollout_path(tmp_path, path):
         assert "sampling_per_token_logps" not in seen[0] and "rollout/kl" not in row
 
 
-@pytest.mark.parametrize("mode", TrainConfig.IS_MODES)
+@pytest.mark.parametrize("mode", speed.IS_MODES)
 def test_trls_weights_in_the_loss_equal_the_hand_computation(tmp_path, mode):
     """The weights TRL multiplies into the loss, from the sampler's own log-probs (a bf16 copy, so they
     differ from the trained fp32 policy's), equal the hand computation. The tiny model's mismatch is small, so
     the cap is 1: every ratio above 1 is truncated or masked."""
     cap = 1.0
-    trainer, seen, losses, _ = one_step(tmp_path, ["train.rollout=engine", "train.rollout_dtype=bf16",
-                                                   "train.precision=fp32", f"train.rollout_is_mode={mode}",
-                                                   f"train.rollout_is_cap={cap}"])
+    trainer, seen, losses, _ = one_step(tmp_path, ["speed.generation=engine", "speed.rollout_dtype=bf16",
+                                                   "train.precision=fp32", f"speed.is_mode={mode}",
+                                                   f"speed.is_cap={cap}"])
     inputs = seen[0]
     old, samp, mask = inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], inputs["completion_mask"]
     assert not torch.equal(old * mask, samp * mask)  # bf16 sampler, fp32 policy: there is a mismatch to correct
@@ -678,12 +679,12 @@ def test_trls_weights_in_the_loss_equal_the_hand_computation(tmp_path, mode):
 
 
 def test_correction_off_leaves_trls_loss_unweighted(tmp_path):
-    trainer, seen, losses, moved = one_step(tmp_path, ["train.rollout=engine", "train.rollout_is_correction=false"])
+    trainer, seen, losses, moved = one_step(tmp_path, ["speed.generation=engine", "speed.is_correction=false"])
     assert not trainer.use_vllm and "importance_sampling_ratio" not in seen[0]
     assert "sampling_per_token_logps" in seen[0] and moved and math.isfinite(losses[0])
 
 
-EXACT_COPY = ["train.rollout=engine", "train.rollout_dtype=fp32", "train.precision=fp32", "train.max_steps=2",
+EXACT_COPY = ["speed.generation=engine", "speed.rollout_dtype=fp32", "train.precision=fp32", "train.max_steps=2",
               "train.steps_per_generation=2"]  # two steps per round: TRL needs old log-probs for the second
 
 
@@ -707,7 +708,7 @@ def test_an_exact_copys_log_probs_stand_in_for_trls_scoring_forward(tmp_path, sa
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses) and moved
 
     scored, seen_p, losses_p, _ = one_step(tmp_path / "policy",
-                                           [*EXACT_COPY, *sampling, "train.rollout_old_logps=policy"])
+                                           [*EXACT_COPY, *sampling, "speed.old_logps=policy"])
     assert not scored.rollout_engine.keep_logps and scored.use_vllm  # the forward, and TRL's correction
     assert torch.equal(seen_p[0]["completion_ids"], first["completion_ids"])
     torch.testing.assert_close(seen_p[0]["old_per_token_logps"][mask], first["old_per_token_logps"][mask],
@@ -722,20 +723,16 @@ def test_an_exact_copys_log_probs_stand_in_for_trls_scoring_forward(tmp_path, sa
     ("auto", "autocast", "fp32", "policy"), ("policy", "fp32", "fp32", "policy"),
     ("sampler", "bf16", "bf16", "sampler")])
 def test_old_log_probs_come_from_the_sampler_only_where_the_copy_is_exact(choice, dtype, precision, expected):
-    assert rollout.old_logps_source(choice, dtype, precision) == expected
+    assert speed.old_logps_source(choice, speed.copy_kind(dtype, precision), precision) == expected
 
 
-@pytest.mark.parametrize("native,expected", [(torch.bfloat16, "bf16"), (torch.float32, "fp32")])
-def test_auto_copies_the_policy_in_the_native_dtype(monkeypatch, native, expected):
-    monkeypatch.setattr(cpu, "native_dtype", lambda: native)
-    assert copy_kinds.kind("auto") == expected
-    assert all(copy_kinds.kind(kind) == kind for kind in ("autocast", "bf16", "fp32"))
-    # the config's prepack check reads the same map: the dtype of the Linear weights each copy holds
-    assert [copy_kinds.weight_dtype(copy_kinds.kind(k)) for k in copy_kinds.KINDS] == [
-        native, torch.bfloat16, torch.bfloat16, torch.float32]
+@pytest.mark.parametrize("precision,expected", [("bf16", "bf16"), ("fp32", "fp32")])
+def test_auto_copies_the_policy_in_the_precision_it_trains_in(precision, expected):
+    assert speed.copy_kind("auto", precision) == expected
+    assert all(speed.copy_kind(kind, precision) == kind for kind in ("autocast", "bf16", "fp32"))
 
 
-AUTOCAST_COPY = ["train.rollout=engine", "train.rollout_dtype=autocast", "train.precision=bf16", "train.max_steps=2",
+AUTOCAST_COPY = ["speed.generation=engine", "speed.rollout_dtype=autocast", "train.precision=bf16", "train.max_steps=2",
                  "train.steps_per_generation=2"]
 
 
@@ -753,7 +750,7 @@ def test_the_autocast_copys_log_probs_stand_in_for_trls_scoring_forward_under_bf
     kl = trainer.state.log_history[0]["rollout/kl"]
     assert 0 <= kl < 1e-3 and len(losses) == 2 and all(math.isfinite(x) for x in losses) and moved
 
-    scored, seen_p, _, _ = one_step(tmp_path / "policy", [*AUTOCAST_COPY, "train.rollout_old_logps=policy"])
+    scored, seen_p, _, _ = one_step(tmp_path / "policy", [*AUTOCAST_COPY, "speed.old_logps=policy"])
     assert scored.use_vllm and "importance_sampling_ratio" in seen_p[0]
     assert torch.equal(seen_p[0]["completion_ids"], first["completion_ids"])
     torch.testing.assert_close(seen_p[0]["old_per_token_logps"][mask], first["old_per_token_logps"][mask],
@@ -761,13 +758,13 @@ def test_the_autocast_copys_log_probs_stand_in_for_trls_scoring_forward_under_bf
 
 
 def test_a_bf16_copy_keeps_trls_scoring_and_correction(tmp_path):
-    trainer, seen, _, _ = one_step(tmp_path, ["train.rollout=engine", "train.rollout_dtype=bf16",
+    trainer, seen, _, _ = one_step(tmp_path, ["speed.generation=engine", "speed.rollout_dtype=bf16",
                                               "train.precision=fp32"])
     assert not trainer.rollout_engine.keep_logps and "importance_sampling_ratio" in seen[0]
 
 
 def test_engine_refreshes_after_each_optimizer_step(tmp_path):
-    trainer, _, _, _ = one_step(tmp_path, ["train.rollout=engine", "train.max_steps=2"])
+    trainer, _, _, _ = one_step(tmp_path, ["speed.generation=engine", "train.max_steps=2"])
     engine = trainer.rollout_engine
     assert engine.synced_step == 1  # the second step's generation saw the first step's weights
     assert engine.released  # given back after its last round, through TRL's hook
@@ -779,45 +776,35 @@ def test_engine_refreshes_after_each_optimizer_step(tmp_path):
 
 def test_what_the_engine_cannot_serve_falls_back_to_trl(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="grpo_exp"):
-        trainer, _, losses, _ = one_step(tmp_path, ["train.rollout=engine", "train.repetition_penalty=1.1"])
+        trainer, _, losses, _ = one_step(tmp_path, ["speed.generation=engine", "train.repetition_penalty=1.1"])
     assert trainer.rollout_engine is None and trainer.rollout_func is None
-    assert "train.rollout=engine: the engine is not used for repetition_penalty=1.1" in caplog.text
+    assert "speed.generation: the rollout engine is not used for repetition_penalty=1.1" in caplog.text
+    assert trainer.speed_plan.generation == "trl"  # what ran, as speed_plan.json records it
     assert math.isfinite(losses[0])
-
-
-@pytest.mark.parametrize("native,cuda,expected", [(torch.bfloat16, False, "engine"), (torch.float32, False, "engine"),
-                                                   (torch.bfloat16, True, "trl")])
-def test_auto_takes_the_engine_on_a_cpu_and_trl_on_cuda(monkeypatch, native, cuda, expected):
-    monkeypatch.setattr(rollout, "native_dtype", lambda: native)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    assert rollout.resolve("auto") == expected
-    assert rollout.resolve("trl") == "trl" and rollout.resolve("engine") == "engine"  # explicit choices stand
 
 
 def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp_path):
     """On this machine: the engine on a CPU (TRL's correction on for a bf16 copy, off for an exact fp32 one),
     TRL's `generate` on CUDA."""
-    trainer, seen, losses, moved = one_step(tmp_path, ["train.rollout=auto"])
-    engine_expected = rollout.resolve("auto") == "engine"
-    assert (trainer.rollout_engine is not None) == engine_expected
-    corrected = engine_expected and rollout.old_logps_source("auto", "auto", "auto") == "policy"
+    trainer, seen, losses, moved = one_step(tmp_path, ["speed.generation=auto"])
+    engine_expected = not torch.cuda.is_available()
+    assert (trainer.rollout_engine is not None) == engine_expected == (trainer.speed_plan.generation == "engine")
+    corrected = engine_expected and trainer.speed_plan.old_logps == "policy"
     assert ("importance_sampling_ratio" in seen[0]) == corrected
     assert losses and math.isfinite(losses[0]) and moved
 
 
 @pytest.mark.parametrize("override,message", [
-    ("train.rollout=vllm", "train.rollout='vllm' is not valid; choose one of: auto, trl, engine"),
-    ("train.rollout_is_mode=token", "train.rollout_is_mode='token' is not valid"),
-    ("train.rollout_is_cap=0.5", "train.rollout_is_cap=0.5 must be"),
-    ("train.rollout_compile=maybe", "train.rollout_compile='maybe' is not valid"),
-    ("train.rollout_prepack=maybe", "train.rollout_prepack='maybe' is not valid; choose one of: auto, true, false"),
-    ("train.rollout_old_logps=vllm", "train.rollout_old_logps='vllm' is not valid; choose one of: auto, policy, sampler"),
-    ("train.rollout_scoring=step", "train.rollout_scoring='step' is not valid; choose one of: round, batch"),
-    ("train.rollout=engine,train.loss_type=vespo,train.rollout_is_mode=sequence_mask",
-     "train.loss_type=vespo needs a token-level train.rollout_is_mode"),
+    ("speed.generation=vllm", "speed.generation='vllm' is not valid; choose one of: auto, trl, engine"),
+    ("speed.is_mode=token", "speed.is_mode='token' is not valid"),
+    ("speed.is_cap=0.5", "speed.is_cap=0.5 must be"),
+    ("speed.rollout_compile=maybe", "speed.rollout_compile='maybe' is not valid"),
+    ("speed.old_logps=vllm", "speed.old_logps='vllm' is not valid; choose one of: auto, policy, sampler"),
+    ("speed.generation=engine,train.loss_type=vespo,speed.is_mode=sequence_mask",
+     "train.loss_type=vespo needs a token-level speed.is_mode"),
     # auto is held to the engine's rules on every machine, so a config valid on one machine is valid on all
-    ("train.rollout=auto,train.loss_type=vespo,train.rollout_is_mode=sequence_truncate",
-     "train.loss_type=vespo needs a token-level train.rollout_is_mode"),
+    ("speed.generation=auto,train.loss_type=vespo,speed.is_mode=sequence_truncate",
+     "train.loss_type=vespo needs a token-level speed.is_mode"),
 ])
 def test_bad_rollout_settings_fail_with_one_line(tmp_path, override, message):
     cfg = compose_cfg([*FAST, *override.split(",")], tmp_path)
@@ -826,33 +813,26 @@ def test_bad_rollout_settings_fail_with_one_line(tmp_path, override, message):
 
 
 @pytest.mark.parametrize("avx2,compiler", [(True, True), (False, True), (True, False)])
-def test_prepack_true_with_an_fp32_copy_is_refused_where_the_fp32_kernel_does_not_apply(tmp_path, monkeypatch, avx2,
-                                                                                        compiler):
+def test_an_fp32_copy_is_packed_only_where_the_fp32_kernel_applies(monkeypatch, avx2, compiler):
     """An fp32 copy's layers are swapped only for small_rows' fp32 kernel (torch's kernels AVX2's, a C++ compiler to
-    build it): asked for elsewhere, one line before any model loads."""
+    build it): the plan packs them there and nowhere else."""
     monkeypatch.setattr(small_rows, "F32_AVX2", avx2)
-    if not compiler:
-        monkeypatch.setattr(cpu, "compiler_missing", lambda: "no C++ compiler (g++ or clang++) on PATH")
-    cfg = compose_cfg([*FAST, "train.rollout_prepack=true", "train.rollout_dtype=fp32"], tmp_path)
-    if avx2 and compiler:
-        validate(cfg)
-    else:
-        why = r"AVX2's\)" if compiler else r"cannot build here: no C\+\+ compiler \(g\+\+ or clang\+\+\) on PATH"
-        with pytest.raises(ConfigError, match=r"train.rollout_prepack=true cannot be met here: float32 weights.*"
-                                              + why + r"; choose one of: auto, false"):
-            validate(cfg)
+    monkeypatch.setattr(cpu, "compiler_missing", lambda: None if compiler else "no C++ compiler")
+    train = type("T", (), {"precision": "fp32", "gradient_checkpointing": False})()
+    assert speed.resolve(speed.SpeedConfig(rollout_dtype="fp32"), train, device="cpu").rollout_prepack == (
+        avx2 and compiler)
 
 
 # ------------------------------------------------------------------------------ scoring the round batch by batch
 
-BF16_COPY = ["train.rollout=engine", "train.rollout_dtype=bf16", "train.precision=fp32", "train.max_steps=2",
+BF16_COPY = ["speed.generation=engine", "speed.rollout_dtype=bf16", "train.precision=fp32", "train.max_steps=2",
              "train.steps_per_generation=2"]  # two steps per round: the second trains a moved policy
 
 
 def scored_round(tmp_path, scoring: str, extra=()):
     """One round of two steps: (trainer, the round's batches after training, the rows of each no-grad scoring)."""
     scorings = []
-    cfg = compose_cfg([*FAST, *BF16_COPY, f"train.rollout_scoring={scoring}", *extra], tmp_path)
+    cfg = compose_cfg([*FAST, *BF16_COPY, *extra], tmp_path)
     import grpo_exp.training.trainer as trainer_module
 
     original = trainer_module.GrpoExpTrainer._forward  # the forward itself (a deferred scoring runs none)
@@ -864,7 +844,7 @@ def scored_round(tmp_path, scoring: str, extra=()):
 
     trainer_module.GrpoExpTrainer._forward = counting
     try:
-        trainer, seen, losses, moved = train_briefly(cfg)
+        trainer, seen, losses, moved = train_briefly(cfg, scoring=scoring)
     finally:
         trainer_module.GrpoExpTrainer._forward = original
     assert moved and all(math.isfinite(x) for x in losses)
@@ -872,7 +852,7 @@ def scored_round(tmp_path, scoring: str, extra=()):
 
 
 def test_scoring_by_batch_gives_trls_old_log_probs_and_weights_with_half_the_scoring(tmp_path):
-    """rollout_scoring=batch: the first step's batch takes its old log-probs from its own training forward, the
+    """Old log-probs by batch (the plan's scoring=batch): the first step's batch takes its old log-probs from its own training forward, the
     second's from a forward before the first update. Same round, same seed as TRL's scoring of the whole round:
     the same old log-probs (to float rounding: other batch shapes), the weights TRL's rule gives for them, and
     one scoring forward over half the rows instead of all."""
@@ -904,7 +884,7 @@ def test_with_accumulation_over_the_round_no_batch_is_scored_before_training(tmp
 def test_rounds_that_do_not_line_up_with_optimizer_steps_are_scored_whole(tmp_path):
     """3 batches a round, 2 per optimizer step: which batches meet the sampling policy varies from round to
     round, so TRL's scoring of the whole round is kept."""
-    cfg = compose_cfg([*FAST, *BF16_COPY, "train.rollout_scoring=batch", "train.steps_per_generation=3",
+    cfg = compose_cfg([*FAST, *BF16_COPY, "train.steps_per_generation=3",
                        "train.gradient_accumulation_steps=2", "train.max_steps=1"], tmp_path)
     trainer, seen, losses, moved = train_briefly(cfg)
     assert not trainer.score_by_batch and moved

@@ -1,4 +1,4 @@
-"""train.shared_prefix: the same log-probs, entropies and gradients as TRL's own scoring forward."""
+"""Shared-prefix scoring (speed.exact_shortcuts): the same log-probs, entropies and gradients as TRL's own scoring forward."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def score(model, fn):
 @pytest.mark.parametrize("attn,kernel", [("sdpa", "trl"), ("grouped", "trl"), ("sdpa", "autocast")])
 def test_matches_trls_forward_values_and_gradients(tiny, attn, kernel):
     model, tokenizer = tiny
-    assert attention.use(model, attn)  # train.attention: the policy scores with either
+    assert attention.use(model, attn)  # speed.attention: the policy scores with either
     ids, mask = grpo_batch(tokenizer, PROMPTS, repeats=3, completion_len=10)
     keep = 10
 
@@ -96,7 +96,7 @@ def bf16_tolerances(model, ids, mask, keep: int, temperature: float) -> dict[str
     <= 2 U S, and an entropy (by -Cov_p(du, u)) by <= 2 U S times the logits' spread E_p|u - E_p u|. The forward's
     differing roundings: attention's two products and the cast of its fp32 softmax, per layer, and the logits
     product. The backward adds attention's four products and the softmax gradient's cast per layer, and the head's
-    two gradient products (fp32 in TRL's kernel, bf16 in train.logprob_kernel=autocast); each moves a gradient by
+    two gradient products (fp32 in TRL's kernel, bf16 in speed.logprob_kernel=autocast); each moves a gradient by
     <= U of its norm, added without cancellation. On debug=smoke's model (2 layers, S = 2.5): log-probs 0.068,
     gradients 0.037, losses 0.074, where the tests' paths measured up to 0.003, 0.009 and 0.005."""
     head = model.get_output_embeddings().weight
@@ -192,7 +192,7 @@ needs_native_bf16 = pytest.mark.skipif(
     reason="bf16 is emulated on this CPU (train.precision=auto trains in fp32 here)")
 
 
-# TRL's attention and LM head; and this CPU's default: train.attention, train.logprob_kernel, train.saved_tensors=auto
+# TRL's attention and LM head; and this CPU's default: speed.attention, speed.logprob_kernel, the plan's saved tensors
 @needs_native_bf16
 @pytest.mark.parametrize("attn,kernel,lean", [("sdpa", "trl", False), ("grouped", "autocast", True)],
                          ids=["trl_attention_and_head", "cpu_default"])

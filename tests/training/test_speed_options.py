@@ -31,23 +31,27 @@ OPTIONS = {
     "precision=fp32": ["train.precision=fp32"],
     "threads=1": ["cpu.threads=1"],
     "train=fast": ["train=fast"],
-    "shared_prefix=false": ["train.shared_prefix=false"],
+    "exact_shortcuts=false": ["speed.exact_shortcuts=false"],
+    "speed=trl": ["speed=trl"],
     "gradient_checkpointing": ["train.gradient_checkpointing=true"],
     "beta=0.04 (reference model)": ["train.beta=0.04"],
-    "logprob_kernel=autocast": ["train.logprob_kernel=autocast"],
-    "saved_tensors=lean": ["train.saved_tensors=lean"],
-    "saved_tensors=plain": ["train.saved_tensors=plain"],
+    "logprob_kernel=autocast": ["speed.logprob_kernel=autocast"],
+    "saved_tensors=lean (bf16)": (["train.precision=bf16"], {"saved_tensors": "lean"}),
+    "saved_tensors=plain (bf16)": (["train.precision=bf16"], {"saved_tensors": "plain"}),
 }
 
 
 pytestmark = pytest.mark.usefixtures("spread_reward")
 
 
-def one_run(tmp_path, overrides: list[str]):
-    """Train for one generation round (>= 1 step): (cfg, trainer, each step's input shapes, losses, moved)."""
+def one_run(tmp_path, overrides, plan_changes=None):
+    """Train for one generation round (>= 1 step): (cfg, trainer, each step's input shapes, losses, moved).
+    `overrides`: config overrides, or (overrides, changes of the speed plan's fields)."""
+    if isinstance(overrides, tuple):
+        overrides, plan_changes = overrides
     cfg = compose_cfg([*FAST, *overrides], tmp_path)
     cfg.train.max_steps = max(generation_batch(cfg.train)[1], 1)  # one round: the buffered (off-policy) steps run too
-    trainer, seen, losses, moved = train_briefly(cfg)
+    trainer, seen, losses, moved = train_briefly(cfg, **(plan_changes or {}))
     shapes = [{k: tuple(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)} for inputs in seen]
     return cfg, trainer, shapes, losses, moved
 
@@ -89,14 +93,13 @@ def test_option_makes_a_correct_grpo_step(name, tmp_path, plain_run):
 
 
 def test_the_lean_reference_gives_the_same_kl_and_losses(tmp_path):
-    """train.lean_reference under bf16 autocast: the reference's Linear weights in bf16, and the run logs the KL
-    and losses of the fp32 reference bit for bit (the same seed, the same samples)."""
+    """The lean reference (one of speed.exact_shortcuts) under bf16 autocast: the reference's Linear weights in bf16,
+    and the run logs the KL and losses of the fp32 reference bit for bit (the same seed, the same samples)."""
     runs = {}
     for lean in (True, False):
-        cfg = compose_cfg([*FAST, "train.beta=0.04", "train.precision=bf16",
-                           f"train.lean_reference={str(lean).lower()}"], tmp_path / str(lean))
+        cfg = compose_cfg([*FAST, "train.beta=0.04", "train.precision=bf16"], tmp_path / str(lean))
         cfg.train.max_steps = 3  # the policy moves away from the reference after the first step
-        trainer, _, _, moved = train_briefly(cfg)
+        trainer, _, _, moved = train_briefly(cfg, lean_reference=lean)
         q_proj = trainer.accelerator.unwrap_model(trainer.ref_model).model.layers[0].self_attn.q_proj
         assert q_proj.weight.dtype == (torch.bfloat16 if lean else torch.float32)
         assert moved
@@ -110,7 +113,7 @@ def test_the_lean_reference_gives_the_same_kl_and_losses(tmp_path):
 def test_the_kl_reference_attends_as_the_policy_so_the_first_kl_is_zero(loaded, tmp_path, monkeypatch):
     """On-policy (steps_per_generation=1) in fp32, the first step's policy and KL reference hold the same weights,
     so its logged KL is exactly 0, not a rounding difference: the trainer gives the reference the policy's attention
-    (train.attention=auto: grouped on a CPU). TRL releases that load the reference with transformers' own attention
+    (speed.attention=auto: grouped on a CPU). TRL releases that load the reference with transformers' own attention
     are what the second case stands for; this release passes the policy's attention name on."""
     from trl.trainer import grpo_trainer
 
@@ -144,7 +147,7 @@ def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
 
     monkeypatch.setattr(shared_prefix, "completion_logps", counting)
     on = one_run(tmp_path / "on", [])
-    off = one_run(tmp_path / "off", ["train.shared_prefix=false"])
+    off = one_run(tmp_path / "off", [], {"shared_prefix": False})
     assert on[1].share_prefixes and not off[1].share_prefixes
     assert used and all(used), "the default path did not share the prompts"
     first_on, first_off = on[1].state.log_history[0], off[1].state.log_history[0]

@@ -6,7 +6,9 @@
     grpo-bench --candidate fast=train=fast --candidate static=+train.extra.cache_implementation=static
     grpo-bench --candidate passive=cpu.omp_wait_policy=passive --candidate trl_passive=kind=trl,env.OMP_WAIT_POLICY=PASSIVE
     grpo-bench --reward-curve-steps 30           # + reward per step of both variants (bench.json, PNG)
-    grpo-bench --baseline fp32 --baseline trl-defaults --candidate engine=train.rollout=engine
+    grpo-bench --baseline fp32 --baseline trl-defaults --candidate engine=speed.generation=engine
+    grpo-bench --candidate before=speed.exact_shortcuts=false   # what the exact shortcuts buy
+    grpo-bench --candidate trl_path=speed=trl                    # grpo-exp with plain TRL's path
     grpo-bench --rounds 3                        # each variant 3 times, in alternating order: ratios per round
 
 Variants, each in its own subprocess (so its peak RSS, the child's ru_maxrss, is its own):

@@ -248,7 +248,7 @@ def child_main(spec_path: Path) -> int:
         "per_device_train_batch_size": a.per_device_train_batch_size,
         "max_completion_length": a.max_completion_length,
         "gradient_accumulation_steps": a.gradient_accumulation_steps,
-        # what sampled the completions (train.rollout=auto resolves by machine; the engine may decline a model)
+        # what sampled the completions (speed.generation=auto resolves by machine; the engine may decline a model)
         "rollout": "engine" if getattr(trainer, "rollout_engine", None) is not None else "trl",
         # the engine's copy (bfloat16, bfloat16 autocast, float32) and whether its Linear weights are packed
         "rollout_copy": getattr(getattr(trainer, "rollout_engine", None), "label", None),

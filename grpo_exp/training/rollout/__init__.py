@@ -1,4 +1,4 @@
-"""grpo-exp's own rollout (`train.rollout=engine`): GRPO's sampling without HF `generate`, one idea a module.
+"""grpo-exp's own rollout (`speed.generation=engine`): GRPO's sampling without HF `generate`, one idea a module.
 
 engine      the rollout copy of the policy, its static KV cache, compiled decoding step and sampling
 importance  the importance weights pi_train / pi_sampler and the sampler's mismatch figures
@@ -12,10 +12,10 @@ from grpo_exp.base.cpu import compiler_missing, native_dtype
 from grpo_exp.training.rollout.engine import RolloutEngine, _cache_kwarg, model_unsupported_reason, rollout_copy
 from grpo_exp.training.rollout.importance import (
     MISMATCH_TOTALS, is_weights, mismatch_from_totals, mismatch_metrics, mismatch_totals)
-from grpo_exp.training.rollout.old_logps import old_logps_source, padded_logps
-from grpo_exp.training.rollout.trl_hook import build_engine, enable_is_correction, resolve, unsupported_reason
+from grpo_exp.training.rollout.old_logps import padded_logps
+from grpo_exp.training.rollout.trl_hook import build_engine, enable_is_correction, unsupported_reason
 
 __all__ = ["MISMATCH_TOTALS", "RolloutEngine", "_cache_kwarg", "build_engine", "compiler_missing",
            "enable_is_correction", "is_weights", "mismatch_from_totals", "mismatch_metrics", "mismatch_totals",
-           "model_unsupported_reason", "native_dtype", "old_logps_source", "padded_logps", "resolve",
+           "model_unsupported_reason", "native_dtype", "padded_logps",
            "rollout_copy", "unsupported_reason"]

@@ -2,7 +2,7 @@
 
 Why: on a CPU, generation was more than half of a GRPO step, and `generate` under bf16 autocast recasts the fp32
 weights on every op of every token, runs eager Python for each decoding step, and grows its KV cache with `cat`.
-The engine samples from a rollout copy of the policy (core/copy_kinds.py) in the machine's native dtype or as
+The engine samples from a rollout copy of the policy (its kind: config/speed.py) in the machine's native dtype or as
 autocast computes, its Linear layers packed where the machine allows (kernels/packed_linear.py,
 kernels/small_rows.py), with a static KV cache, a prefill that runs each distinct prompt once, grouped attention,
 and a decoding step compiled with `torch.compile` where a C++ compiler is present. Between rounds the copy's own
@@ -29,7 +29,7 @@ import torch
 
 from grpo_exp.base import log
 from grpo_exp.base.cpu import compiler_missing
-from grpo_exp.config.schema import TrainConfig
+from grpo_exp.config.speed import ROLLOUT_SAMPLERS
 from grpo_exp.kernels import attention, packed_linear, small_rows
 from grpo_exp.training import shared_prefix
 
@@ -64,7 +64,7 @@ def _static_layers_ok(config) -> str | None:
 
 def model_unsupported_reason(model) -> str | None:
     """Why the engine cannot decode this model (None when it can)."""
-    # the engine applies the LM head itself, as train.shared_prefix does: the same models qualify
+    # the engine applies the LM head itself, as shared-prefix scoring does: the same models qualify
     return shared_prefix.unsupported_reason(model) or _static_layers_ok(model.config)
 
 
@@ -91,7 +91,7 @@ def rollout_copy(model: torch.nn.Module, dtype: torch.dtype, autocast: bool = Fa
         head.weight = torch.nn.Parameter(head.weight.detach().to(dtype, copy=True), requires_grad=False)
     shell.__dict__.pop("forward", None)  # accelerate's autocast wrapper, if the model was prepared already
     shell.eval()
-    attention.use(shell, "grouped", attention_decode)  # decoding steps laid out as train.attention_decode says
+    attention.use(shell, "grouped", attention_decode)  # decoding steps laid out as speed.attention_decode says
     return shell
 
 
@@ -99,12 +99,12 @@ class RolloutEngine:
     """Samples GRPO completions from a rollout copy of the policy (trl_hook.rollout_func serves them to TRL)."""
 
     def __init__(self, policy: torch.nn.Module, *, dtype: torch.dtype, autocast: bool = False,
-                 compile: bool | str = "auto", prepack: bool | str = "auto",
+                 compile: bool = True, prepack: bool = False,
                  max_new_tokens: int, temperature: float = 1.0, top_k: int | None = 0, top_p: float = 1.0,
                  eos_token_ids: list[int], pad_token_id: int, sampler: str = "cdf", min_new_tokens: int = 0,
                  attention_decode: str = "cache_axis"):
-        if sampler not in TrainConfig.ROLLOUT_SAMPLERS:
-            raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(TrainConfig.ROLLOUT_SAMPLERS)}")
+        if sampler not in ROLLOUT_SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(ROLLOUT_SAMPLERS)}")
         self.sampler = sampler
         self.dtype = dtype
         self.autocast = autocast  # compute under `dtype` autocast, as the policy trains (rollout_copy)
@@ -122,7 +122,7 @@ class RolloutEngine:
         self.eos = torch.tensor(sorted(set(eos_token_ids)), device=self.device)
         self.pad = int(pad_token_id)
         self.synced_step: int | None = None
-        # train.rollout_old_logps=sampler: the last round's log-probs under the policy (tempered, unfiltered),
+        # speed.old_logps=sampler: the last round's log-probs under the policy (tempered, unfiltered),
         # until TRL's old-log-prob scoring takes them
         self.keep_logps = False
         self.pending_logps: list[list[float]] | None = None
@@ -138,11 +138,9 @@ class RolloutEngine:
         # (tensor, bytes, is_cache) for each storage given back by `release`; empty while the engine is usable
         self._released: list[tuple[torch.Tensor, int, bool]] = []
         self.compiled = False
-        why = None
-        if compile in ("auto", True):
-            why = compiler_missing() if self.device.type == "cpu" else None
-        if compile is False:
-            why = "train.rollout_compile=false"
+        # compile: the plan's speed.rollout_compile; a CPU without a C++ compiler decodes eager all the same
+        why = "speed.rollout_compile=false" if not compile else (
+            compiler_missing() if self.device.type == "cpu" else None)
         if why is None:
             # with packed weights, products that share an input are one product (packed_linear.compile_fused)
             backend = packed_linear.compile_fused if self.packed else "inductor"
@@ -168,19 +166,14 @@ class RolloutEngine:
         library = "MKL's" if self.dtype == torch.float32 else "oneDNN's products packed once per refresh"
         return f" ({len(self.packed)} Linear layers: {how}{library} elsewhere)"
 
-    def _pack_linears(self, prepack: bool | str) -> list:
-        """The copy's Linear layers swapped for packed ones where `prepack` asks and the machine allows (auto: bf16
-        copies on a CPU with native bf16); a forced request that cannot be met is an error."""
-        if prepack not in ("auto", True, False):
-            raise ValueError(f"prepack={prepack!r} is not valid; choose one of: auto, true, false")
-        if prepack is False:
+    def _pack_linears(self, prepack: bool) -> list:
+        """The copy's Linear layers swapped for packed ones where `prepack` asks (the speed plan asks only where the
+        machine allows them; a request that cannot be met is an error)."""
+        if not prepack:
             return []
         why = packed_linear.unsupported_reason(self.dtype, self.device)
         if why:
-            if prepack is True:
-                raise ValueError(f"train.rollout_prepack=true cannot be met: {why}")
-            logger.info("rollout engine: Linear weights not packed (%s)", why)
-            return []
+            raise ValueError(f"packed rollout weights cannot be used here: {why}")
         return packed_linear.pack_linears(self.model)
 
     # ------------------------------------------------------------------------------------------------- weights

@@ -12,23 +12,10 @@ from types import SimpleNamespace
 import torch
 
 from grpo_exp.base import log
-from grpo_exp.config.schema import TrainConfig
-from grpo_exp.core import copy_kinds
+from grpo_exp.config.speed import IS_MODES, SpeedPlan
 from grpo_exp.training.rollout.engine import RolloutEngine, model_unsupported_reason
-from grpo_exp.training.rollout.old_logps import old_logps_source
 
 logger = log.get_logger(__name__)
-
-
-def resolve(choice: str) -> str:
-    """The path `train.rollout=auto` takes: the engine on a CPU, TRL's `generate` on CUDA (where TRL's own fast path
-    is vLLM). With native bf16 the engine samples from a bf16 copy, with TRL's correction; without it, from an exact
-    fp32 copy whose log-probs stand in for TRL's scoring forward. Why it is the default, with its speed and its
-    accuracy over seeds against TRL's path: docs/log.md, "2026-11-27 — the engine with grouped attention", and
-    docs/performance.md, "The rollout engine"."""
-    if choice != "auto":
-        return choice
-    return "trl" if torch.cuda.is_available() else "engine"
 
 
 def unsupported_reason(trainer) -> str | None:
@@ -74,7 +61,7 @@ def rollout_func(engine: RolloutEngine):
 def enable_is_correction(trainer) -> None:
     """Turn on TRL's own importance-sampling correction for vLLM rollouts, without vLLM, with the settings in
     trainer.args (vllm_importance_sampling_mode and _clip_max; grpo_exp.training.trainer.grpo_config maps
-    train.rollout_is_* onto them).
+    speed.is_* onto them).
 
     GRPOTrainer applies it when `use_vllm` and `vllm_importance_sampling_correction` are set: it then always
     scores the batch with the trained policy (`old_per_token_logps`), and weighs each token's loss by
@@ -82,39 +69,34 @@ def enable_is_correction(trainer) -> None:
     of `use_vllm` on the rollout_func path is a weight sync of the vLLM engine, a no-op here: the engine
     refreshes its copy itself (RolloutEngine.sync)."""
     mode = trainer.args.vllm_importance_sampling_mode
-    if mode not in TrainConfig.IS_MODES:
-        raise ValueError(f"unknown importance-sampling mode {mode!r}; choose one of {', '.join(TrainConfig.IS_MODES)}")
+    if mode not in IS_MODES:
+        raise ValueError(f"unknown importance-sampling mode {mode!r}; choose one of {', '.join(IS_MODES)}")
     trainer.use_vllm = True
     trainer.vllm_importance_sampling_correction = True
     trainer._last_loaded_step = -1
     trainer.vllm_generation = SimpleNamespace(sync_weights=lambda: None)
 
 
-def build_engine(trainer, train_cfg) -> RolloutEngine | None:
-    """The engine for `train.rollout=engine`, wired into the trainer; None (TRL's path) with a warning naming
-    why when it cannot serve this trainer."""
+def build_engine(trainer, plan: SpeedPlan) -> RolloutEngine | None:
+    """The engine for a plan with `generation=engine`, wired into the trainer; None (TRL's path) with the reason
+    logged when it cannot serve this trainer."""
     why = unsupported_reason(trainer)
     if why:
-        # asked for by name, its absence is news; under auto, falling back is what auto means
-        log = logger.warning if train_cfg.rollout == "engine" else logger.info
-        log("train.rollout=%s: the engine is not used for %s; TRL's generation runs", train_cfg.rollout, why)
+        logger.warning("speed.generation: the rollout engine is not used for %s; TRL's generation runs", why)
         return None
-    kind = copy_kinds.kind(train_cfg.rollout_dtype)
     engine = RolloutEngine(
-        trainer.model, dtype=copy_kinds.weight_dtype(kind), autocast=kind == "autocast",
-        compile=train_cfg.rollout_compile, prepack=train_cfg.rollout_prepack,
+        trainer.model, dtype=plan.weight_dtype(), autocast=plan.rollout_dtype == "autocast",
+        compile=plan.rollout_compile, prepack=plan.rollout_prepack,
         max_new_tokens=trainer.max_completion_length, temperature=trainer.temperature, top_k=trainer.top_k,
         top_p=trainer.top_p, eos_token_ids=list(trainer.eos_token_ids),
-        pad_token_id=trainer._tokenizer.pad_token_id, sampler=train_cfg.rollout_sampler,
+        pad_token_id=trainer._tokenizer.pad_token_id, sampler=plan.rollout_sampler,
         min_new_tokens=(trainer.args.generation_kwargs or {}).get("min_new_tokens", 0),
-        attention_decode=train_cfg.attention_decode)
+        attention_decode=plan.attention_decode)
     trainer.rollout_func = rollout_func(engine)
-    source = old_logps_source(train_cfg.rollout_old_logps, train_cfg.rollout_dtype, train_cfg.precision)
-    if source == "sampler":
+    if plan.old_logps == "sampler":
         engine.keep_logps = True
-        logger.info("train.rollout_old_logps=%s: PPO's old log-probs are the sampler's (%s copy); TRL's scoring "
-                    "forward over each round is skipped and no importance weights apply", train_cfg.rollout_old_logps,
-                    engine.label)
+        logger.info("speed.old_logps=sampler: PPO's old log-probs are the sampler's (%s copy); TRL's scoring "
+                    "forward over each round is skipped and no importance weights apply", engine.label)
     elif trainer.args.vllm_importance_sampling_correction:
         enable_is_correction(trainer)
     return engine
