@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_exp.kernels import packed_linear, small_rows
-from grpo_exp.training.rollout import compiler_missing
+from grpo_exp.base.cpu import compiler_missing
 
 pytestmark = [
     pytest.mark.skipif(compiler_missing() is not None, reason=f"inductor cannot compile: {compiler_missing()}"),
