@@ -62,7 +62,7 @@ def test_default_run_first_steps_match_the_record(tmp_path):
                     f"recorded: {', '.join(records) or 'none'}")
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, *COMMAND, f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = first_steps(run_dir)
     assert len(got) == STEPS and all("loss" in row and "grad_norm" in row for row in got) and "reward" in got[0], got
