@@ -141,13 +141,13 @@ class SpeedPlan:
         return torch.float32 if self.rollout_dtype == "fp32" else torch.bfloat16
 
 
-def copy_kind(rollout_dtype: str, precision: str) -> str:
-    """The rollout copy `speed.rollout_dtype` asks for. auto: the machine's native dtype (bf16 where it is native,
-    else fp32). The autocast copy is faster under bf16 training (its log-probs replace TRL's scoring forward) but is
+def copy_kind(rollout_dtype: str, native: str) -> str:
+    """The rollout copy `speed.rollout_dtype` asks for. auto: the machine's native dtype (`native`: bf16 where the
+    hardware computes it natively, else fp32), whatever precision training runs in. The autocast copy is faster under bf16 training (its log-probs replace TRL's scoring forward) but is
     not auto's choice: in its seeds check one of the default run's seeds collapsed (docs/log.md)."""
     if rollout_dtype != "auto":
         return rollout_dtype
-    return "bf16" if precision == "bf16" else "fp32"
+    return "bf16" if native == "bf16" else "fp32"
 
 
 def old_logps_source(choice: str, kind: str, precision: str) -> str:
@@ -183,7 +183,8 @@ def resolve(speed: Any, train: Any, device: str | None = None) -> SpeedPlan:
     shortcuts = bool(speed.exact_shortcuts)
     generation = speed.generation if speed.generation != "auto" else ("trl" if device == "cuda" else "engine")
     engine = generation == "engine"
-    kind = copy_kind(speed.rollout_dtype, precision) if engine else None
+    # the copy's auto dtype is the machine's, not the training's: an fp32 run on a bf16 machine samples from bf16
+    kind = copy_kind(speed.rollout_dtype, cpu.resolve_precision("auto")) if engine else None
     if speed.rollout_compile == "auto":
         compile_step = engine and (device != "cpu" or cpu.compiler_missing() is None)
     else:

@@ -91,7 +91,7 @@ def grouped_attention_last_axis(module, query, key, value, attention_mask, scali
     innermost, and inductor's CPU code for a softmax along L then opens one parallel region per row and
     key/value head, about a sixth of the rollout engine's compiled decoding step at 16 rows. The maths is the
     same, the rounding is not (another GEMM layout and summation order in bf16), so it is opt-in: docs/log.md,
-    "2026-11-28 — speed.attention_decode=last_axis"."""
+    "2026-11-28 — train.attention_decode=last_axis"."""
     b, h, q, d = query.shape
     if q != 1:
         return grouped_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)

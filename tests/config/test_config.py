@@ -6,6 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from grpo_exp.config.checks import validate
+from grpo_exp.config.speed import resolve
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.training.trainer import grpo_config
 from tests.conftest import CONF_DIR, assert_fails_fast_with_one_line, compose_cfg, run_module
@@ -38,7 +39,7 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
     cfg = compose_cfg(["train.learning_rate=3e-5", "train.num_generations=2", "train.precision=fp32",
                        "+train.extra.top_entropy_quantile=0.5"], tmp_path)
     validate(cfg)
-    args = grpo_config(cfg.train, tmp_path, [1.0, 0.2], [])
+    args = grpo_config(cfg.train, tmp_path, [1.0, 0.2], [], resolve(cfg.speed, cfg.train))
     assert args.learning_rate == 3e-5 and args.num_generations == 2
     assert args.bf16 is False and args.activation_checkpointing is False and args.gradient_checkpointing is False
     assert args.top_entropy_quantile == 0.5
@@ -170,9 +171,10 @@ def test_basic_stage_has_a_kl_penalty_and_beta_0_turns_it_off(tmp_path):
 def test_basic_stage_decays_its_learning_rate_and_lr_constant_keeps_it(tmp_path):
     # docs/log.md, "2026-11-28 — a decaying learning rate": a decaying learning rate, chosen over seeds for the basic
     # stage; the later stages were measured with a constant rate and keep it (conf/train/default.yaml)
-    basic = compose_cfg(["stage=basic"], tmp_path).train
+    composed = compose_cfg(["stage=basic"], tmp_path)
+    basic = composed.train
     assert (basic.lr_scheduler_type, basic.learning_rate, basic.warmup_steps) == ("linear", 2e-5, 0)
-    assert grpo_config(basic, tmp_path / "out", [1.0, 0.05], []).lr_scheduler_type == "linear"
+    assert grpo_config(basic, tmp_path / "out", [1.0, 0.05], [], resolve(composed.speed, basic)).lr_scheduler_type == "linear"
     earlier = compose_cfg(["stage=basic", "ablation=lr_constant"], tmp_path).train
     assert {k for k in basic if basic[k] != earlier[k]} == {"lr_scheduler_type"}
     assert earlier.lr_scheduler_type == "constant"

@@ -45,10 +45,15 @@ def test_auto_picks_by_device(device, generation, attention, kernel):
     assert (plan.generation, plan.attention, plan.logprob_kernel) == ("trl", "eager", "autocast")
 
 
-def test_the_copy_and_the_old_log_probs_follow_the_precision():
+@pytest.mark.parametrize("native", ["bf16", "fp32"])
+def test_the_copy_is_the_machines_native_dtype_and_old_log_probs_follow_it(monkeypatch, native):
+    monkeypatch.setattr(cpu, "resolve_precision", lambda p: native if p == "auto" else p)
     fp32, bf16 = plan_of("fp32"), plan_of("bf16")
-    assert (fp32.rollout_dtype, fp32.old_logps) == ("fp32", "sampler")  # an exact copy: its log-probs serve
-    assert (bf16.rollout_dtype, bf16.old_logps) == ("bf16", "policy")  # a bf16 copy differs: scored and corrected
+    assert fp32.rollout_dtype == bf16.rollout_dtype == native  # the machine's dtype, whatever training runs in
+    # an exact copy (fp32 under fp32 training): its log-probs serve; a bf16 copy differs: scored and corrected
+    assert fp32.old_logps == ("sampler" if native == "fp32" else "policy")
+    assert bf16.old_logps == "policy"
+    monkeypatch.undo()
     assert plan_of("bf16", rollout_dtype="autocast").old_logps == "sampler"
     assert plan_of("bf16", old_logps="policy", rollout_dtype="autocast").old_logps == "policy"
     assert plan_of(generation="trl").rollout_dtype is None and plan_of(generation="trl").old_logps is None

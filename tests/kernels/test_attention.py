@@ -116,7 +116,7 @@ def test_a_decoding_step_through_grouped_attention_equals_eager(tmp_path, decode
 def test_bad_choices_are_named(tmp_path):
     cfg = compose_cfg(["debug=smoke"], tmp_path)
     model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
-    with pytest.raises(ValueError, match="unknown attention 'flash'; choose one of auto, sdpa, grouped, eager"):
+    with pytest.raises(ValueError, match="unknown attention 'flash'; choose one of sdpa, grouped, eager"):
         attention.use(model, "flash")
     with pytest.raises(ValueError, match="unknown decoding layout 'rows'; choose one of cache_axis, last_axis"):
         attention.use(model, "grouped", "rows")

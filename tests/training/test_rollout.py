@@ -429,10 +429,10 @@ def test_a_second_engine_in_the_process_compiles_a_step_of_its_own(tiny, tmp_pat
     second_model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=1)
     rows = [p for p in prompts for _ in range(4)]
     eos = [tokenizer.eos_token_id]
-    first = engine_for(first_model, tokenizer, eos, compile=True)
+    first = engine_for(first_model, tokenizer, eos, compile=True, prepack=True)
     first_drawn = assert_same_draws(engine_for(first_model, tokenizer, eos), first, rows)
     first.release()
-    second = engine_for(second_model, tokenizer, eos, compile=True)
+    second = engine_for(second_model, tokenizer, eos, compile=True, prepack=True)
     assert second.packed and {m.slot for m in second.packed}.isdisjoint(m.slot for m in first.packed)
     drawn = assert_same_draws(engine_for(second_model, tokenizer, eos), second, rows)
     assert drawn != first_drawn  # the two policies draw differently: the test can tell them apart
@@ -448,7 +448,7 @@ def test_an_fp32_copy_through_the_fp32_kernel_samples_what_the_plain_copy_sample
     rows = [p for p in prompts for _ in range(4)]  # 8 rows: MKL's blocked product, whose order the kernel repeats
     eos = [tokenizer.eos_token_id]
     plain = engine_for(model, tokenizer, eos, compile=True, prepack=False)
-    fast = engine_for(model, tokenizer, eos, compile=True)
+    fast = engine_for(model, tokenizer, eos, compile=True, prepack=True)
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert not plain.packed and len(fast.packed) == linears and fast.shared == plain.shared != set()
 
@@ -726,10 +726,10 @@ def test_old_log_probs_come_from_the_sampler_only_where_the_copy_is_exact(choice
     assert speed.old_logps_source(choice, speed.copy_kind(dtype, precision), precision) == expected
 
 
-@pytest.mark.parametrize("precision,expected", [("bf16", "bf16"), ("fp32", "fp32")])
-def test_auto_copies_the_policy_in_the_precision_it_trains_in(precision, expected):
-    assert speed.copy_kind("auto", precision) == expected
-    assert all(speed.copy_kind(kind, precision) == kind for kind in ("autocast", "bf16", "fp32"))
+@pytest.mark.parametrize("native,expected", [("bf16", "bf16"), ("fp32", "fp32")])
+def test_auto_copies_the_policy_in_the_machines_native_dtype(native, expected):
+    assert speed.copy_kind("auto", native) == expected
+    assert all(speed.copy_kind(kind, native) == kind for kind in ("autocast", "bf16", "fp32"))
 
 
 AUTOCAST_COPY = ["speed.generation=engine", "speed.rollout_dtype=autocast", "train.precision=bf16", "train.max_steps=2",

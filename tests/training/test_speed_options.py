@@ -228,10 +228,10 @@ def test_the_profile_apps_choices_are_the_trainings_own():
     training run accepts, so that a profile can be taken of every setting a run can have."""
     from grpo_exp.apps.profile import build_parser
     from grpo_exp.base.cpu import PRECISIONS
-    from grpo_exp.config.schema import TrainConfig
+    from grpo_exp.config import speed
     from grpo_exp.kernels import attention
 
     choices = {action.dest: tuple(action.choices) for action in build_parser()._actions if action.choices}
-    assert choices["attention_decode"] == TrainConfig.ATTENTION_DECODES == attention.DECODE_LAYOUTS
+    assert choices["attention_decode"] == speed.ATTENTION_DECODES == attention.DECODE_LAYOUTS
     assert set(choices["precision"]) == set(PRECISIONS)
     assert choices["prepack"] == ("auto", "true", "false")
