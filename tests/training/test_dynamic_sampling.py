@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from grpo_exp.base.errors import ConfigError
+from grpo_exp.base.monitor import MonitorCallback
 from grpo_exp.config.checks import validate
 from grpo_exp.core import rewards
 from grpo_exp.training import dynamic_sampling
@@ -77,6 +78,15 @@ def test_a_slot_takes_only_a_group_laid_out_alike_over_processes():
     assert dynamic_sampling.layouts(1, 4, 2) == [(0, 0, 1, 1)]
     # 6 a process, groups of 4: three groups, each its own layout
     assert dynamic_sampling.layouts(3, 4, 6) == [(0, 0, 0, 0), (0, 0, 1, 1), (1, 1, 1, 1)]
+
+
+def test_the_throughput_counts_the_extra_rounds(tmp_path):
+    monitor = MonitorCallback(tmp_path / "history.jsonl", completions_per_step=4)
+    state = SimpleNamespace(global_step=1)
+    monitor.on_step_begin(None, state, None)
+    monitor.on_step_end(None, state, None)
+    monitor.on_log(None, state, None, logs={"completions/mean_length": 8.0, "dynamic_sampling/draws": 2.0})
+    assert monitor.rows[-1]["completion_tokens"] == 8 * 4 * 3
 
 
 # ------------------------------------------------------------------- two processes, with a fake TRL round
