@@ -222,7 +222,10 @@ def fill_batch(trainer, inputs: list[dict], generate) -> dict:
 class DynamicSampling:
     """GrpoExpTrainer's dynamic sampling (the module's docstring): TRL's `_generate_and_score_completions` run
     round after round by `fill_batch` where `dynamic_draws` (train.dynamic_sampling_max_draws) is set, and TRL's
-    `_calculate_rewards` made to leave its gathered rewards in `_round_rewards`."""
+    `_calculate_rewards` made to leave its gathered rewards in `_round_rewards`. It also reads TRL's `_metrics`,
+    `_tokenizer`, `reward_func_names`, `reward_weights`, `scale_rewards` and `multi_objective_aggregation`, and
+    `advantages` restates TRL 1.16's formula (tests/training/test_dynamic_sampling.py checks it against TRL's), all
+    of which a TRL upgrade may change."""
 
     dynamic_draws: int | None = None  # extra rounds a batch may draw; None: dynamic sampling is off
     _round_rewards: torch.Tensor | None = None  # the last round's rewards, [completions of every process, funcs]
