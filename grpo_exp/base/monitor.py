@@ -129,7 +129,9 @@ class MonitorCallback(TrainerCallback):
         mean_len = logs.get("completions/mean_length")
         buffered_step = mean_len is None and self.completions_per_generation > self.completions_per_step
         if (mean_len is not None or buffered_step) and self._last_step_time:
-            tokens = float(mean_len) * self.completions_per_generation if mean_len is not None else 0.0
+            # train.dynamic_sampling generates extra rounds of as many completions (their mean length is in mean_len)
+            rounds = 1.0 + float(logs.get("dynamic_sampling/draws") or 0.0)
+            tokens = float(mean_len) * self.completions_per_generation * rounds if mean_len is not None else 0.0
             self.completion_tokens.append(tokens)
             row["completion_tokens"] = tokens
             row["completion_tokens_per_s"] = tokens / self._last_step_time

@@ -234,6 +234,10 @@ class TrainConfig:
     logging_steps: int = 1
     save_steps: int = MISSING
     save_total_limit: Optional[int] = MISSING
+    # DAPO's filter_groups (training/dynamic_sampling.py): groups whose correctness is all equal are dropped
+    # and replaced by groups of newly drawn prompts, for at most dynamic_sampling_max_draws extra rounds
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_draws: int = 3
     # Any other GRPOConfig field, passed through after a name check
     extra: Any = field(default_factory=dict)
 
@@ -252,6 +256,9 @@ class TrainConfig:
         require(train.temperature > 0, f"train.temperature={train.temperature} must be > 0")
         require(0 < train.top_p <= 1, f"train.top_p={train.top_p} must be in (0, 1]")
         require(train.beta >= 0, f"train.beta={train.beta} must be >= 0")
+        require(train.dynamic_sampling_max_draws >= 1,
+                f"train.dynamic_sampling_max_draws={train.dynamic_sampling_max_draws} must be >= 1 (extra "
+                f"generation rounds a step may draw; train.dynamic_sampling=false turns dynamic sampling off)")
         require_choice("train.precision", train.precision, PRECISIONS)
         require_choice("train.loss_type", train.loss_type, TrainConfig.LOSS_TYPES)
         require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)

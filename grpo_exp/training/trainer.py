@@ -21,13 +21,14 @@ from grpo_exp.base.io import disk_full_reason, state_bytes
 from grpo_exp.config.speed import SpeedPlan, resolve
 from grpo_exp.kernels import attention, embedding_grad, lean_reference, lean_saved
 from grpo_exp.training import checkpoints, guards, shared_prefix
+from grpo_exp.training.dynamic_sampling import DynamicSampling
 from grpo_exp.training.rollout import importance, trl_hook
 from grpo_exp.training.rollout.old_logps import padded_logps
 
 logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra"}
+_NOT_GRPO_FIELDS = {"precision", "extra", "dynamic_sampling", "dynamic_sampling_max_draws"}
 
 
 class LossTerm(Protocol):
@@ -92,17 +93,20 @@ class EpochSeededSampler(RepeatSampler):
         return super().__iter__()
 
 
-class GrpoExpTrainer(GRPOTrainer):
+class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
     """TRL's GRPOTrainer with what TRL does not do on its own: an extra loss term (EWC), shared-prefix scoring,
-    grpo-exp's rollout engine (training/rollout/), the guards (training/guards.py), atomic checkpoints and a
-    `completions.jsonl` sample.
+    grpo-exp's rollout engine (training/rollout/), the guards (training/guards.py), dynamic sampling
+    (training/dynamic_sampling.py, a mixin), atomic checkpoints and a `completions.jsonl` sample.
 
     Private methods of TRL's it overrides (the last three are HF Trainer's, overridden by TRL in turn):
     - `_get_per_token_logps_and_entropies`: every scoring forward passes here, so that the sampler's log-probs can
       stand in for the policy's no-grad scoring, the shared-prefix forward and lean saved tensors can run, and the
       sampler's mismatch can be measured on a training forward (`_scored`, `_forward`).
     - `_generate_and_score_completions`: to defer a round's old-log-prob scoring to its batches
-      (speed.exact_shortcuts) and to log the sampler's mismatch each round.
+      (speed.exact_shortcuts) and to log the sampler's mismatch each round; below it, the DynamicSampling mixin's
+      runs TRL's once per round it draws (train.dynamic_sampling) and splices the kept groups into one batch.
+    - `_calculate_rewards` (DynamicSampling): TRL's, keeping the round's gathered rewards (`_round_rewards`) that
+      decide which groups are all equal.
     - `_prepare_inputs`: a new round clears the non-finite guard, and a deferred round is scored batch by batch
       (`_score_round`) once TRL has split it into batches.
     - `_get_train_sampler`: TRL's RepeatSampler reseeded per epoch, so that a resumed run draws an uninterrupted
@@ -124,8 +128,9 @@ class GrpoExpTrainer(GRPOTrainer):
 
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
-                 plan: SpeedPlan, **kwargs):
+                 plan: SpeedPlan, dynamic_draws: int | None = None, **kwargs):
         self.on_nonfinite = on_nonfinite
+        self.dynamic_draws = dynamic_draws  # train.dynamic_sampling_max_draws; None: dynamic sampling off
         # on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that
         # trains on it), a NaN/inf loss the rest of its round; poisoned steps change no parameter or state
         self._round_poisoned: str | None = None  # why the current generation round is poisoned
@@ -463,6 +468,7 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
         on_nonfinite=cfg.on_nonfinite,
         run_state=run_state,
         plan=plan,
+        dynamic_draws=cfg.train.dynamic_sampling_max_draws if cfg.train.dynamic_sampling else None,
     )
 
 
