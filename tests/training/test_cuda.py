@@ -22,7 +22,7 @@ from grpo_exp.core import models
 from grpo_exp.kernels import logprob_head
 from grpo_exp.training import shared_prefix
 from tests.conftest import compose_cfg
-from tests.core.test_logprob_head import reference, relative_error  # the fp64 reference the CPU tests use
+from tests.kernels.test_logprob_head import reference, relative_error  # the fp64 reference the CPU tests use
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.gpu

@@ -18,7 +18,7 @@ from grpo_exp.core import copy_kinds, models
 from grpo_exp.kernels import attention, decode_attention, packed_linear, small_rows
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
-from tests.core.test_decode_softmax import needs_checked_torch
+from tests.kernels.test_decode_attention import needs_checked_torch
 from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
 
 FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none",
@@ -254,10 +254,10 @@ def test_the_decoding_softmax_kernel_samples_what_inductors_own_samples(tiny, mo
     eos = [tokenizer.eos_token_id]
     kernel = decode_attention.decode_softmax
     calls = []
-    monkeypatch.setattr(decode_softmax, "decode_softmax", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(decode_attention, "decode_softmax", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     draws = {}
     for enabled in (True, False):
-        monkeypatch.setattr(decode_softmax, "enabled", enabled)
+        monkeypatch.setattr(decode_attention, "enabled", enabled)
         torch._dynamo.reset()
         engine = engine_for(model, tokenizer, eos, compile=True, temperature=1.0)
         torch.manual_seed(7)
@@ -282,10 +282,10 @@ def test_the_decoding_attention_kernel_samples_what_the_composed_attention_sampl
     rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False) for p in PROMPTS for _ in range(4)]
     kernel, calls = decode_attention._run_attention, []
-    monkeypatch.setattr(decode_softmax, "_run_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(decode_attention, "_run_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     draws = {}
     for fused in (True, False):
-        monkeypatch.setattr(decode_softmax, "_AVX512_BF16", fused)
+        monkeypatch.setattr(decode_attention, "_AVX512_BF16", fused)
         torch._dynamo.reset()
         engine = engine_for(model, tokenizer, [tokenizer.eos_token_id], dtype=torch.bfloat16, compile=True,
                             temperature=1.0)
