@@ -78,10 +78,10 @@ import torch
 from grpo_exp.base import cpu
 from grpo_exp.core import rewards
 from tests.conftest import compose_cfg
-from tests.spread_reward_main import vowel_fraction
-from tests.training.briefly import SPREAD_REWARD, train_briefly
+from tests.spread_reward_main import SPREAD_REWARD, TEST_REWARDS
+from tests.training.briefly import train_briefly
 
-rewards.REGISTRY["vowel_fraction"] = vowel_fraction
+rewards.REGISTRY.update(TEST_REWARDS)  # as tests/spread_reward_main.py registers them for its subprocesses
 policy, out = sys.argv[1], sys.argv[2]
 cfg = compose_cfg(["debug=smoke", "logger=none", "cpu.threads=1", f"cpu.malloc={policy}", *SPREAD_REWARD], out)
 trainer, _, losses, moved = train_briefly(cfg)  # applies cfg.cpu, as every entrypoint does before the model loads

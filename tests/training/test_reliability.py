@@ -24,18 +24,6 @@ SPREAD = ["debug=smoke", "logger=none", "reward.funcs=[vowel_fraction]", "reward
           "train.learning_rate=1e-3", "train.save_total_limit=null"]
 
 
-@pytest.fixture
-def test_rewards(monkeypatch):
-    """The subprocess runner's rewards, registered for in-process runs of this test only."""
-    from grpo_exp.core import rewards
-    from tests import spread_reward_main
-
-    for name, func in spread_reward_main.TEST_REWARDS.items():
-        monkeypatch.setitem(rewards.REGISTRY, name, func)
-    spread_reward_main._calls["n"] = 0
-    return spread_reward_main
-
-
 def _start(run_dir: Path, *extra: str, env: dict | None = None, log=subprocess.PIPE) -> subprocess.Popen:
     """`log`: an open file for both streams of a run nobody reads while it goes (a full pipe would stall it)."""
     return subprocess.Popen([sys.executable, "-m", "tests.spread_reward_main", *SPREAD, *extra,
@@ -101,7 +89,7 @@ def rewards_registry():
 def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, test_rewards):
     from grpo_exp.training.stage import train
 
-    spread_reward_main = test_rewards
+    test_rewards.reset_calls()
     os.environ["GRPO_EXP_TEST_NAN_AFTER"] = "2"
     try:
         cfg = compose_cfg([*SPREAD, "reward.funcs=[vowel_fraction,nan_after]", "reward.weights=[1.0,1.0]",
@@ -128,6 +116,7 @@ def test_a_skipped_step_changes_no_parameter_or_optimizer_state(tmp_path, test_r
     from grpo_exp.training.trainer import GrpoExpTrainer
 
     spread_reward_main = test_rewards
+    spread_reward_main.reset_calls()
     nan_calls = {2}  # the second generation round's rewards hold a NaN; the others are clean
 
     def nan_on_call(completions, **kwargs):
@@ -230,12 +219,10 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp
     AutoModelForCausalLM.from_pretrained(ckpts[0])  # loadable
 
 
-def test_a_full_disk_while_saving_model_dir_changes_nothing(tmp_path):
-    from grpo_exp.core import models
+def test_a_full_disk_while_saving_model_dir_changes_nothing(tmp_path, tiny_model):
     from grpo_exp.base.io import save_model_dir
 
-    cfg = compose_cfg(["debug=smoke"], tmp_path / "run")
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    model, tokenizer = tiny_model
     target = save_model_dir(model, tokenizer, tmp_path / "model")
     before = {p.name: p.read_bytes() for p in target.iterdir()}
 

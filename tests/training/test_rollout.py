@@ -5,6 +5,7 @@ speed belongs to grpo-bench."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from types import SimpleNamespace
 
@@ -19,7 +20,7 @@ from grpo_exp.kernels import attention, decode_attention, packed_linear, small_r
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.kernels.test_decode_attention import needs_checked_torch
-from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
+from tests.training.briefly import train_briefly
 
 FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none",
         "train.max_completion_length=8", "reward.funcs=[vowel_fraction]", "reward.weights=[1.0]",
@@ -27,13 +28,14 @@ FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger
 PROMPTS = ["What is 7 + 5?", "Tom has 12 apples and eats 3 of them. How many are left?"]
 
 
-pytestmark = pytest.mark.usefixtures("spread_reward")
+pytestmark = pytest.mark.usefixtures("test_rewards")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = compose_cfg(["debug=smoke"], tmp_path_factory.mktemp("run"))
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+def tiny(tiny_model):
+    """This module's own copy of the session's tiny model (its tests move the policy's weights, replace its head's
+    tensor and switch its attention), with the chat-templated PROMPTS."""
+    model, tokenizer = copy.deepcopy(tiny_model)
     rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False) for p in PROMPTS]
     return model, tokenizer, rows
