@@ -376,19 +376,27 @@ def test_refresh_copies_in_place_into_the_bf16_copy(tiny):
             torch.testing.assert_close(param, dict(model.named_parameters())[name].detach().bfloat16())
 
 
+CANNOT_PACK = packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu"))
+
+
+@pytest.mark.skipif(CANNOT_PACK is None, reason="this CPU packs bf16 weights (the next test packs them)")
+def test_without_native_bf16_prepack_auto_leaves_the_copy_plain_and_true_is_refused(tiny):
+    """train.rollout_prepack where the CPU has no native bf16: auto leaves the weights plain and true is refused."""
+    model, tokenizer, _ = tiny
+    eos = [tokenizer.eos_token_id]
+    assert engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack="auto").packed == []
+    with pytest.raises(ValueError, match="train.rollout_prepack=true cannot be met"):
+        engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack=True)
+
+
+@pytest.mark.skipif(CANNOT_PACK is not None, reason=f"nothing can be packed on this CPU: {CANNOT_PACK}")
 def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
     """train.rollout_prepack: the bf16 copy with its Linear weights packed for oneDNN (the decoding step compiled,
     products that share an input fused) draws the plain copy's tokens with the same log-probs, and again after the
-    policy moved, a release and a refill. Where the CPU has no native bf16, auto leaves the weights plain and true
-    is refused."""
+    policy moved, a release and a refill."""
     model, tokenizer, prompts = tiny
     rows = [p for p in prompts for _ in range(2)]
     eos = [tokenizer.eos_token_id]
-    if packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu")):
-        assert engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack="auto").packed == []
-        with pytest.raises(ValueError, match="train.rollout_prepack=true cannot be met"):
-            engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack=True)
-        return
     plain = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, compile=True, prepack=False)
     packed = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, compile=True)  # auto packs here
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
