@@ -193,6 +193,7 @@ def _one_line_exit_2(proc, needle):
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_entrypoint_writes_eval_json(tmp_path, gsm8k_dir):
     run_dir = tmp_path / "run"
     proc = run_module("grpo_exp.evaluate", "model=tiny_random", "eval.limit=3", "eval.sets=[basic,gsm8k]",
@@ -216,6 +217,7 @@ def test_entrypoint_writes_eval_json(tmp_path, gsm8k_dir):
     assert "| basic | 3 |" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "not_a_model", "unknown_set", "bad_jsonl"])
 def test_entrypoint_bad_input_exits_2_with_one_line(tmp_path, case):
     args, needle = {

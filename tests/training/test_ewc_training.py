@@ -59,6 +59,7 @@ def _weighted_distance(state, model_dir) -> float:
     return ewc.EwcPenalty(state, 1.0).weighted_distance(model)
 
 
+@pytest.mark.slow
 def test_large_lambda_keeps_parameters_closer_to_the_anchor(tmp_path, test_rewards):
     first = compose_cfg([*FAST, *test_rewards.SPREAD_REWARD, "train.max_steps=1", "ewc.lambda=1"], tmp_path / "a")
     train(first)
@@ -92,6 +93,7 @@ def test_init_from_without_ewc_state_is_refused(tmp_path):
         train(compose_cfg([*FAST, f"init_from={tmp_path}"], tmp_path / "c"))
 
 
+@pytest.mark.slow
 def test_init_from_without_ewc_state_gets_its_fisher_estimated(tmp_path, test_rewards):
     """A run trained without EWC can still be protected: its Fisher is estimated at the next stage's start
     with its own recorded stage and settings, equal to what ewc.lambda>0 would have saved at its end."""
@@ -122,6 +124,7 @@ def test_init_from_without_ewc_state_gets_its_fisher_estimated(tmp_path, test_re
     assert "estimated at the start" in metrics["ewc_from"]
 
 
+@pytest.mark.slow
 def test_three_stage_curriculum_writes_stages_fishers_and_matrix(tmp_path):
     overrides = [*FAST, "train.max_steps=1", "ewc.lambda=10", "curriculum=progressive",
                  "curriculum.eval_limit=3", "curriculum.eval_batch_size=3", "train.max_completion_length=8"]

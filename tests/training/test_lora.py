@@ -106,6 +106,7 @@ def test_model_dir_is_the_merged_model_and_loads_and_generates(tmp_path, test_re
         torch.testing.assert_close(with_adapter(**enc).logits, merged(**enc).logits, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_ewc_over_adapters_and_a_stage_that_continues_the_adapter(tmp_path, test_rewards):
     first_dir, second_dir = tmp_path / "a", tmp_path / "b"
     train(compose_cfg([*LORA, *EWC_FAST, "train.max_steps=2", "ewc.lambda=1"], first_dir))
@@ -151,6 +152,7 @@ def test_ewc_over_adapters_and_a_stage_that_continues_the_adapter(tmp_path, test
         prepare(compose_cfg([*LORA, f"init_from={moved}"], tmp_path / "d"))
 
 
+@pytest.mark.slow
 def test_lora_stages_after_a_fully_fine_tuned_model(tmp_path, test_rewards):
     cfg = compose_cfg(["debug=smoke"], tmp_path / "full")
     model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed)
@@ -176,6 +178,7 @@ def test_lora_stages_after_a_fully_fine_tuned_model(tmp_path, test_rewards):
     assert torch.equal(merged.model.norm.weight, model.model.norm.weight)
 
 
+@pytest.mark.slow
 def test_resume_reloads_the_adapter_from_the_checkpoint(tmp_path, test_rewards, monkeypatch):
     steps = [*LORA, "train.max_steps=4", "train.save_steps=2", "train.save_total_limit=null"]
     train(compose_cfg(steps, tmp_path / "ref"))
@@ -287,6 +290,7 @@ BAD_CLI = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
 def test_bad_peft_overrides_fail_fast_with_one_line(tmp_path, args, needle):
     assert_fails_fast_with_one_line(tmp_path / "run", ["model=tiny_random", *args], needle)

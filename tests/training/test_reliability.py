@@ -49,6 +49,7 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch, test_rewards):
     from grpo_exp.training.stage import train
 
@@ -86,6 +87,7 @@ def rewards_registry():
     return rewards.REGISTRY
 
 
+@pytest.mark.slow
 def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, test_rewards):
     from grpo_exp.training.stage import train
 
@@ -104,6 +106,7 @@ def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, test_
         os.environ.pop("GRPO_EXP_TEST_NAN_AFTER", None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [
     ["train.gradient_accumulation_steps=1"],
     ["train.gradient_accumulation_steps=2", "train.per_device_train_batch_size=2", "train.steps_per_generation=null"],
@@ -171,6 +174,7 @@ def test_a_skipped_step_changes_no_parameter_or_optimizer_state(tmp_path, test_r
     assert len(skipped) == steps_per_round and "returned nan" in skipped[0]["skipped_reason"]
 
 
+@pytest.mark.slow
 def test_nan_reward_through_the_entrypoint_is_one_line_and_exit_3(tmp_path):
     proc = _run(tmp_path / "run", "reward.funcs=[vowel_fraction,nan_after]", "reward.weights=[1.0,1.0]",
                 "train.max_steps=3", env={"GRPO_EXP_TEST_NAN_AFTER": "0"})
@@ -179,6 +183,7 @@ def test_nan_reward_through_the_entrypoint_is_one_line_and_exit_3(tmp_path):
     assert len(errors) == 1 and "step 1" in errors[0]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_nonzero(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "train.max_steps=50", "train.save_steps=100")
@@ -200,6 +205,7 @@ def test_unwritable_output_directory_is_a_clear_error(tmp_path):
         train(compose_cfg(["debug=smoke", "logger=none"], blocker / "run"))
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp_path, test_rewards):
     """A real ENOSPC: checkpoint-4's trainer_state.json is a link to /dev/full, where every write fails."""
     from grpo_exp.training.stage import train
@@ -238,6 +244,7 @@ def test_a_full_disk_while_saving_model_dir_changes_nothing(tmp_path, tiny_model
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at", ["published:checkpoint-4", "published:model", "retired:model"])
 def test_a_kill_inside_a_publish_is_repaired_on_resume(tmp_path, kill_at):
     """A fault hook kills the run (no clean-up) at a step of publishing checkpoint-4 or model/; resume
@@ -266,6 +273,7 @@ def test_a_kill_inside_a_publish_is_repaired_on_resume(tmp_path, kill_at):
     assert steps == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_locked_directory_fails_naming_the_holder(tmp_path):
     from grpo_exp.training.run_dir import RunLock
 
@@ -290,6 +298,7 @@ def test_a_second_run_on_a_locked_directory_fails_naming_the_holder(tmp_path):
     lock.release()
 
 
+@pytest.mark.slow
 def test_resume_with_changed_training_settings_names_each_key(tmp_path, test_rewards):
     from grpo_exp.training.stage import train
 

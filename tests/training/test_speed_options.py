@@ -81,6 +81,7 @@ def test_option_makes_a_correct_grpo_step(name, tmp_path, plain_run):
         assert trainer.args.cache_implementation == "static"
 
 
+@pytest.mark.slow
 def test_the_lean_reference_gives_the_same_kl_and_losses(tmp_path):
     """train.lean_reference under bf16 autocast: the reference's Linear weights in bf16, and the run logs the KL
     and losses of the fp32 reference bit for bit (the same seed, the same samples)."""
@@ -125,6 +126,7 @@ def test_the_kl_reference_attends_as_the_policy_so_the_first_kl_is_zero(loaded, 
     assert first["kl"] == 0.0
 
 
+@pytest.mark.slow
 def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
     """Same seed, same completions: the shared-prefix step logs TRL's entropy and gradient norm."""
     used = []
@@ -147,6 +149,7 @@ def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
     assert first_on["grad_norm"] == pytest.approx(first_off["grad_norm"], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
     out = tmp_path / "prof"
     proc = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--model", "tiny_random", "--tokens", "4",
@@ -170,6 +173,7 @@ def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
     assert bad.returncode == 2 and "fp16" in bad.stderr and "bf16" in bad.stderr
 
 
+@pytest.mark.slow
 def test_generation_profile_of_the_rollout_engine_times_its_rounds(tmp_path, tiny_model):
     # a model directory as --model (model=custom): the tiny random model's, saved in the cache
     model_dir = tiny_model[0].name_or_path
