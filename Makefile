@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 TORCH_BUILD ?=
 TORCH_INDEX ?= $(if $(TORCH_BUILD),https://download.pytorch.org/whl/$(TORCH_BUILD))
 
-.PHONY: setup train test bench report clean-venv
+.PHONY: setup train test test-fast bench report clean-venv
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ train: $(CORE)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
+
+# The suite without the tests marked slow (subprocesses, kills, the browser, more than a few training steps):
+# a few minutes on 2 cores, for the edit-test loop. CI runs `make test`.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 bench: $(CORE)
 	$(PY) -m grpo_exp.apps.bench $(ARGS)

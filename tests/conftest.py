@@ -1,4 +1,5 @@
-"""Shared fixtures: configs composed with Hydra's compose API, as the entrypoint composes them."""
+"""Shared fixtures: configs composed with Hydra's compose API, as the entrypoint composes them; the tiny random
+model, loaded once; the test rewards, registered once."""
 
 from __future__ import annotations
 
@@ -26,6 +27,44 @@ def compose_cfg(overrides: list[str], output_dir: Path | str, config_name: str =
 def smoke_cfg(tmp_path):
     """The 2-step tiny-model config, writing into a fresh temporary run directory."""
     return compose_cfg(["debug=smoke"], tmp_path / "run")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """(model, tokenizer): debug=smoke's tiny random model (model=tiny_random, seed 0), loaded once for the session
+    and shared by every test that asks for it. A test leaves it as it found it (a weight it moves, it puts back); a
+    module whose tests patch it (a fused LM head, another attention, the tokenizer's padding side) works on
+    copy.deepcopy(tiny_model). At the end of the session the weights, the attention and the padding side must still
+    be the loaded ones: a test that changed them for the others fails the session's last test."""
+    import torch
+
+    from grpo_exp.core import models
+
+    cfg = compose_cfg(["debug=smoke"], tmp_path_factory.mktemp("tiny_model"))
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    loaded = ({n: t.detach().clone() for n, t in model.state_dict().items()}, model.config._attn_implementation,
+              tokenizer.padding_side)
+    yield model, tokenizer
+    now = model.state_dict()
+    changed = sorted(n for n, t in loaded[0].items() if n not in now or not torch.equal(now[n], t))
+    assert not changed, f"a test changed the shared tiny model's weights: {changed[:5]}"
+    assert (model.config._attn_implementation, tokenizer.padding_side) == loaded[1:], \
+        "a test changed the shared tiny model's attention or its tokenizer's padding side"
+
+
+@pytest.fixture(scope="session")
+def test_rewards():
+    """tests/spread_reward_main.py's rewards (vowel_fraction, with spread on the tiny model's random text, and
+    nan_after, NaN on request) in rewards.REGISTRY for the rest of the session, as that runner registers them for
+    its subprocesses. Returns the module: SPREAD_REWARD (the overrides that select vowel_fraction), reset_calls()
+    (nan_after counts its calls from 0 again)."""
+    from grpo_exp.core import rewards
+    from tests import spread_reward_main
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, func in spread_reward_main.TEST_REWARDS.items():
+            mp.setitem(rewards.REGISTRY, name, func)
+        yield spread_reward_main
 
 
 def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -28,7 +28,15 @@ def nan_after(completions, **kwargs):
     return [math.nan if bad else 0.0 for _ in completions]
 
 
+def reset_calls() -> None:
+    """nan_after counts from 0 again (a test that relies on the count starts with this)."""
+    _calls["n"] = 0
+
+
 TEST_REWARDS = {"vowel_fraction": vowel_fraction, "nan_after": nan_after}
+# Math rewards score 0 on random tokens (no advantages, no updates); vowel_fraction has spread.
+SPREAD_REWARD = ["reward.funcs=[vowel_fraction]", "reward.weights=[1.0]"]
+
 
 def kill_at_publish_step() -> None:
     """GRPO_EXP_TEST_KILL_AT=<step>:<dir name>: die like SIGKILL (no clean-up) at that step of a publish."""

@@ -172,6 +172,7 @@ def _report(*args):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_results_page_header_tables_and_plots(tmp_path):
     sweep = _sweep(tmp_path / "sweep", [("none", 1, "validation", 40), ("none", 2, "validation", 50),
                                         ("beta_0", 1, "validation", 45), ("beta_0", 2, "validation", 47)])
@@ -216,6 +217,7 @@ def test_results_page_header_tables_and_plots(tmp_path):
         text.split("- **Date:**")[1].split("\n", 1)[1]
 
 
+@pytest.mark.slow
 def test_page_options_are_checked(tmp_path):
     proc = _report(tmp_path, "--machine", "x")
     assert proc.returncode == 2 and "give --page too" in proc.stderr

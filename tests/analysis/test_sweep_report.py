@@ -34,6 +34,7 @@ def report(sweep):
     return proc, out
 
 
+@pytest.mark.slow
 def test_failing_job_does_not_stop_the_sweep(sweep):
     proc, sweep_dir = sweep
     assert proc.returncode != 0, "a failed job must make the sweep exit non-zero"
@@ -46,6 +47,7 @@ def test_failing_job_does_not_stop_the_sweep(sweep):
         assert json.loads((sweep_dir / str(i) / "metrics.json").read_text())["steps"] == 1
 
 
+@pytest.mark.slow
 def test_report_has_a_row_per_job_and_plots(report):
     proc, out = report
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -72,6 +74,7 @@ def test_report_has_a_row_per_job_and_plots(report):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
+@pytest.mark.slow
 def test_offline_wandb_runs_hold_training_and_resource_metrics(sweep):
     _, sweep_dir = sweep
     for job, threads in ((0, 1), (2, 2)):

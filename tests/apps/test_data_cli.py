@@ -54,6 +54,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, needle
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl"]
 
 
+@pytest.mark.slow
 def test_module_entrypoint_exits_2(tmp_path):
     out = tmp_path / "x.jsonl"
     result = subprocess.run([sys.executable, "-m", "grpo_exp.data", "stage=basic", "split=train2", f"out={out}"],

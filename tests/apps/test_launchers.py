@@ -80,6 +80,7 @@ def joblib_sweep(tmp_path_factory):
     return sweep(tmp_path_factory, "joblib", "2,3,4", "logger=wandb")
 
 
+@pytest.mark.slow
 def test_joblib_sweep_runs_jobs_in_parallel_workers_and_reports_them(joblib_sweep):
     proc, sweep_dir = joblib_sweep
     check_jobs(proc, sweep_dir, [2, 3, 4], threads=max(1, CORES // min(2, CORES)))
@@ -88,6 +89,7 @@ def test_joblib_sweep_runs_jobs_in_parallel_workers_and_reports_them(joblib_swee
     assert "is validated against ConfigStore schema" not in output  # the filtered Hydra 1.3 notice
 
 
+@pytest.mark.slow
 def test_wandb_offline_runs_inside_joblib_workers(joblib_sweep):
     _, sweep_dir = joblib_sweep
     for job in (0, 2):
@@ -98,6 +100,7 @@ def test_wandb_offline_runs_inside_joblib_workers(joblib_sweep):
         assert records["exit"].exit.exit_code == 0
 
 
+@pytest.mark.slow
 def test_submitit_local_sweep_keeps_its_folder_beside_the_jobs(tmp_path_factory):
     proc, sweep_dir = sweep(tmp_path_factory, "submitit_local", "2,3", "logger=none")
     check_jobs(proc, sweep_dir, [2, 3], threads=1)  # conf/hydra/launcher/submitit_local.yaml: cpus_per_task 1
@@ -105,12 +108,14 @@ def test_submitit_local_sweep_keeps_its_folder_beside_the_jobs(tmp_path_factory)
     assert len(logs) == 2, logs  # submitit's own job logs, one per job
 
 
+@pytest.mark.slow
 def test_ray_sweep_runs_jobs_as_ray_tasks(tmp_path_factory):
     proc, sweep_dir = sweep(tmp_path_factory, "ray", "2,3", "logger=none")
     check_jobs(proc, sweep_dir, [2, 3], threads=1)  # conf/hydra/launcher/ray.yaml: remote.num_cpus 1
     assert "Ray Launcher is launching 2 jobs" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_unknown_launcher_is_one_line_with_the_choices(tmp_path):
     proc = run_module("grpo_exp.train", "-m", "hydra/launcher=slurm", "debug=smoke", f"hydra.sweep.dir={tmp_path / 's'}",
                       timeout=120)

@@ -42,6 +42,7 @@ def test_two_step_run_writes_a_loadable_model_and_metrics(smoke_cfg):
     assert model.config.num_hidden_layers == smoke_cfg.model.tiny_layers
 
 
+@pytest.mark.slow
 def test_entrypoint_runs_as_a_user_would(tmp_path):
     run_dir = tmp_path / "cli_run"
     proc = run_module("grpo_exp.train", "debug=smoke", "train.max_steps=3", "train.save_steps=1",

@@ -30,6 +30,7 @@ def _cpu_cfg(policy: str, threads="1"):
     return OmegaConf.create({"threads": threads, "interop_threads": 1, "omp_wait_policy": policy})
 
 
+@pytest.mark.slow
 def test_settings_are_in_place_when_torch_loads():
     code = ("import os, sys; from omegaconf import OmegaConf; from grpo_exp.base import cpu\n"
             "cpu.prepare_env(OmegaConf.create({'threads': 1, 'interop_threads': 1, 'omp_wait_policy': 'passive'}))\n"
@@ -60,6 +61,7 @@ def test_bad_policy_is_a_config_error():
         cpu.prepare_env(_cpu_cfg("spin"))
 
 
+@pytest.mark.slow
 def test_precision_auto_is_fp32_where_torch_is_held_to_avx2():
     """The emulated AVX2-only runs (ATEN_CPU_CAPABILITY=avx2) choose what an AVX2-only CPU chooses, on any CPU."""
     code = "from grpo_exp.base.cpu import resolve_precision; print(resolve_precision('auto'))"
@@ -78,10 +80,10 @@ import torch
 from grpo_exp.base import cpu
 from grpo_exp.core import rewards
 from tests.conftest import compose_cfg
-from tests.spread_reward_main import vowel_fraction
-from tests.training.briefly import SPREAD_REWARD, train_briefly
+from tests.spread_reward_main import SPREAD_REWARD, TEST_REWARDS
+from tests.training.briefly import train_briefly
 
-rewards.REGISTRY["vowel_fraction"] = vowel_fraction
+rewards.REGISTRY.update(TEST_REWARDS)  # as tests/spread_reward_main.py registers them for its subprocesses
 policy, out = sys.argv[1], sys.argv[2]
 cfg = compose_cfg(["debug=smoke", "logger=none", "cpu.threads=1", f"cpu.malloc={policy}", *SPREAD_REWARD], out)
 trainer, _, losses, moved = train_briefly(cfg)  # applies cfg.cpu, as every entrypoint does before the model loads
@@ -103,6 +105,7 @@ print(json.dumps({"malloc": cpu.apply(cfg.cpu)["malloc"], "later_glibc": later, 
 """
 
 
+@pytest.mark.slow
 def test_malloc_retain_reuses_freed_memory_and_changes_no_number(tmp_path):
     """cpu.malloc=retain keeps freed blocks for reuse (a 64 MB tensor allocated again faults no fresh pages in,
     where glibc's own policy maps and zero-fills it anew every time), and a GRPO run computes the same losses,

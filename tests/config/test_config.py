@@ -89,11 +89,13 @@ BAD_CLI = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
 def test_bad_overrides_fail_fast_with_one_line(tmp_path, args, needle):
     assert_fails_fast_with_one_line(tmp_path / "run", args, needle)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["train.num_generations=3"], ["model=custom", "model.id=/no/such/model_dir"],
                                   ["stage=gsm8k", "stage.path=/no/such/file.jsonl"]])
 def test_bad_input_is_refused_before_torch_is_imported(tmp_path, args):

@@ -7,25 +7,17 @@ import pytest
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
-from grpo_exp.core import models
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.evaluation.generate import model_size_mb
 from grpo_exp.core.quantization import quantize_for_eval, quantized_linear_count
-from tests.conftest import compose_cfg
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = compose_cfg(["model=tiny_random"], tmp_path_factory.mktemp("q"))
-    return models.load(cfg.model, cfg.paths.cache_dir, seed=0)
 
 
 def _linears(model) -> dict[str, torch.nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, DynamicQuantizedLinear))}
 
 
-def test_dynamic_int8_replaces_linears_and_leaves_the_original_alone(tiny):
-    model, tokenizer = tiny
+def test_dynamic_int8_replaces_linears_and_leaves_the_original_alone(tiny_model):
+    model, tokenizer = tiny_model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     linear_names = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
 
@@ -47,8 +39,8 @@ def test_dynamic_int8_replaces_linears_and_leaves_the_original_alone(tiny):
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_int8_copy_generates_and_is_smaller(tiny):
-    model, tokenizer = tiny
+def test_int8_copy_generates_and_is_smaller(tiny_model):
+    model, tokenizer = tiny_model
     qmodel = quantize_for_eval(model, "dynamic_int8")
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)
@@ -62,8 +54,8 @@ def test_int8_copy_generates_and_is_smaller(tiny):
     assert model_size_mb(qmodel) == pytest.approx(model_size_mb(model) - 3 * linear_bytes / 2**20, rel=1e-3)
 
 
-def test_none_is_the_model_itself_and_unknown_methods_fail(tiny):
-    model, _ = tiny
+def test_none_is_the_model_itself_and_unknown_methods_fail(tiny_model):
+    model, _ = tiny_model
     assert quantize_for_eval(model, "none") is model
     with pytest.raises(ConfigError, match="dynamic_int8"):
         quantize_for_eval(model, "int4")

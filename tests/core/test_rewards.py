@@ -19,6 +19,10 @@ from grpo_exp.core.rewards import (
     parse_number,
 )
 
+# The package's own rewards, as this module is collected (before any test runs): the test_rewards fixture
+# (tests/conftest.py) adds the tests' rewards to REGISTRY for the rest of a session.
+PACKAGE_REWARDS = dict(REGISTRY)
+
 
 def chat(text):
     return [{"role": "assistant", "content": text}]
@@ -286,7 +290,7 @@ def test_heuristic_reasoning_is_documented_as_heuristic():
     assert "heuristic" in rewards.heuristic_reasoning.__doc__.lower()
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(PACKAGE_REWARDS))
 @pytest.mark.parametrize(
     "completions",
     [
@@ -302,13 +306,13 @@ def test_every_reward_survives_junk(name, completions):
     assert all(isinstance(s, float) and math.isfinite(s) for s in scores)
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(PACKAGE_REWARDS))
 def test_registry_names_match_function_names(name):
     assert REGISTRY[name].__name__ == name
 
 
 def test_registry_contents():
-    assert sorted(REGISTRY) == [
+    assert sorted(PACKAGE_REWARDS) == [
         "answer_format",
         "cookbook_answer",
         "cookbook_format_approx",

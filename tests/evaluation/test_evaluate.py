@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_exp.core import models
 from grpo_exp.evaluation.compare import run_comparison
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.evaluation.run import check, evaluate_after_train, load_sets, set_settings
@@ -33,12 +32,6 @@ def gsm8k_dir(tmp_path):
     d.mkdir()
     (d / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GSM8K_ROWS))
     return d
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = compose_cfg(["model=tiny_random"], tmp_path_factory.mktemp("m"))
-    return models.load(cfg.model, cfg.paths.cache_dir, seed=0)
 
 
 class ScriptedLM(torch.nn.Module):
@@ -69,8 +62,8 @@ def test_wilson_interval_matches_hand_computed_values():
     assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(0, 0) == (0.0, 0.0)
 
 
-def test_scripted_model_scores_exactly(tiny):
-    _, tokenizer = tiny
+def test_scripted_model_scores_exactly(tiny_model):
+    _, tokenizer = tiny_model
     examples = [{"question": "What is 7 + 5?", "answer": "12"}, {"question": "What is 9 - 4?", "answer": "5"},
                 {"question": "What is 3 * 3?", "answer": "9"}, {"question": "What is 8 / 2?", "answer": "4"}]
     replies = {"7 + 5": "7 + 5 = 12. The answer is 12.",  # correct, formatted
@@ -154,8 +147,8 @@ def test_check_fails_with_one_line(tmp_path, overrides, needle):
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
-def test_evaluate_after_train_writes_eval_json(tmp_path, tiny):
-    model, tokenizer = tiny
+def test_evaluate_after_train_writes_eval_json(tmp_path, tiny_model):
+    model, tokenizer = tiny_model
     cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", "quantization=dynamic_int8"], tmp_path)
     result = evaluate_after_train(cfg, model, tokenizer, tmp_path)
     assert list(result) == ["basic", "before_after"] and result["basic"]["n"] == 2
@@ -185,7 +178,7 @@ def test_paired_statistics():
                                                        pytest.approx(-0.17 + 1.96 * (52 - 34 ** 2 / 200) ** 0.5 / 200))
 
 
-def test_comparison_base_fp32_vs_int8(tmp_path, tiny):
+def test_comparison_base_fp32_vs_int8(tmp_path, tiny_model):
     cfg = compose_cfg(["model=tiny_random", "eval.sets=[basic]", "eval.limit=2", "eval.max_new_tokens=3"], tmp_path)
     report, samples = run_comparison(cfg, {"base": None}, load_sets(cfg), int8=True)
     assert list(report["variants"]) == ["base fp32", "base int8"]
@@ -200,6 +193,7 @@ def _one_line_exit_2(proc, needle):
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_entrypoint_writes_eval_json(tmp_path, gsm8k_dir):
     run_dir = tmp_path / "run"
     proc = run_module("grpo_exp.evaluate", "model=tiny_random", "eval.limit=3", "eval.sets=[basic,gsm8k]",
@@ -223,6 +217,7 @@ def test_entrypoint_writes_eval_json(tmp_path, gsm8k_dir):
     assert "| basic | 3 |" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "not_a_model", "unknown_set", "bad_jsonl"])
 def test_entrypoint_bad_input_exits_2_with_one_line(tmp_path, case):
     args, needle = {
@@ -252,8 +247,8 @@ def test_pass_at_k_matches_enumeration():
         pass_at_k(8, 1, 9)
 
 
-def test_evaluate_reports_pass_at_k(tiny):
-    _, tokenizer = tiny
+def test_evaluate_reports_pass_at_k(tiny_model):
+    _, tokenizer = tiny_model
     examples = [{"question": "What is 7 + 5?", "answer": "12"}, {"question": "What is 9 - 4?", "answer": "5"}]
     stub = ScriptedLM(tokenizer, {"7 + 5": "The answer is 12.", "9 - 4": "The answer is 6."})
     metrics, samples = evaluate(stub, tokenizer, examples, system_prompt="", max_new_tokens=16, batch_size=4,
@@ -291,19 +286,19 @@ def _sampled_token_ranks(model, tokenizer, monkeypatch, **filters) -> list[int]:
     return ranks
 
 
-def test_sampling_draws_from_the_whole_vocabulary_as_training_does(tiny, monkeypatch):
+def test_sampling_draws_from_the_whole_vocabulary_as_training_does(tiny_model, monkeypatch):
     # generate() alone filters to the 50 likeliest tokens; pass@k must sample as TRL's rollouts do (top_k=0).
-    model, tokenizer = tiny
+    model, tokenizer = tiny_model
     assert max(_sampled_token_ranks(model, tokenizer, monkeypatch)) >= 50
     assert max(_sampled_token_ranks(model, tokenizer, monkeypatch, top_k=50)) < 50
     assert max(_sampled_token_ranks(model, tokenizer, monkeypatch, top_k=1)) == 0
 
 
-def _fake_run(tmp_path, tiny, seed: int):
+def _fake_run(tmp_path, tiny_model, seed: int):
     """A training run directory as training leaves it: model/ and the .hydra/config.yaml it ran with."""
     from omegaconf import OmegaConf
 
-    model, tokenizer = tiny
+    model, tokenizer = tiny_model
     run = tmp_path / "run"
     model.save_pretrained(run / "model")
     tokenizer.save_pretrained(run / "model")
@@ -313,10 +308,10 @@ def _fake_run(tmp_path, tiny, seed: int):
     return run
 
 
-def test_checkpoint_is_scored_on_its_own_recorded_split(tmp_path, tiny):
+def test_checkpoint_is_scored_on_its_own_recorded_split(tmp_path, tiny_model):
     from grpo_exp.evaluation.run import held_out_split, settings_summary
 
-    run = _fake_run(tmp_path, tiny, seed=7)
+    run = _fake_run(tmp_path, tiny_model, seed=7)
     cfg = compose_cfg(["model=tiny_random", f"checkpoint={run}", "eval.limit=20"], tmp_path / "ev",
                       config_name="evaluate")
     assert cfg.train.seed == 42  # this config's own seed would draw another split
@@ -330,10 +325,10 @@ def test_checkpoint_is_scored_on_its_own_recorded_split(tmp_path, tiny):
     assert summary["data_seed"] == 7 and summary["data_seed_from"].endswith(".hydra/config.yaml")
 
 
-def test_base_figures_are_cached_per_settings(tmp_path, tiny, monkeypatch):
+def test_base_figures_are_cached_per_settings(tmp_path, tiny_model, monkeypatch):
     import grpo_exp.evaluation.run as ev
 
-    model, tokenizer = tiny
+    model, tokenizer = tiny_model
     # eval.every_steps=null: no validation level for a learning curve, so one cache entry per set of problems
     overrides = ["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", f"paths.cache_dir={tmp_path / 'cache'}",
                  "eval.every_steps=null"]
@@ -368,8 +363,8 @@ def test_base_figures_are_cached_per_settings(tmp_path, tiny, monkeypatch):
         monkeypatch.undo()
 
 
-def test_before_after_table_names_its_split(tmp_path, tiny):
-    model, tokenizer = tiny
+def test_before_after_table_names_its_split(tmp_path, tiny_model):
+    model, tokenizer = tiny_model
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "models").symlink_to(Path(model.name_or_path).parent, target_is_directory=True)
     cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", "eval.split=validation",
@@ -392,13 +387,13 @@ def ev_sets(cfg):
     return held_out_split(cfg.stage, "validation", cfg.eval.limit, cfg.train.seed)[:cfg.eval.limit]
 
 
-def test_init_from_figures_are_cached_until_its_model_changes(tmp_path, tiny, monkeypatch):
+def test_init_from_figures_are_cached_until_its_model_changes(tmp_path, tiny_model, monkeypatch):
     """A sweep of later stages from one run scores that run's model once; a rewritten model/ is scored again."""
     import os
 
     import grpo_exp.evaluation.run as ev
 
-    model, tokenizer = tiny
+    model, tokenizer = tiny_model
     start = tmp_path / "basic_run" / "model"
     model.save_pretrained(start)
     tokenizer.save_pretrained(start)

@@ -3,6 +3,7 @@ the forward and the backward, with padding; the trainer puts the chosen attentio
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -10,11 +11,10 @@ import torch
 
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.checks import validate
-from grpo_exp.core import models
 from grpo_exp.kernels import attention
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
-from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
+from tests.training.briefly import train_briefly
 from tests.training.test_shared_prefix import tiny  # noqa: F401 (fixture)
 from tests.training.test_shared_prefix import (PROMPTS, bf16_comparison, grpo_batch, needs_native_bf16, trl_forward,
                                                without_first_prompt_token)
@@ -39,9 +39,8 @@ def _loss_and_grads(model, ids, mask):
     return logits.detach() * mask[..., None], {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_grouped_attention_equals_eager_in_forward_and_backward(tmp_path):
-    cfg = compose_cfg(["debug=smoke"], tmp_path)
-    model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+def test_grouped_attention_equals_eager_in_forward_and_backward(tiny_model):
+    model, _ = copy.deepcopy(tiny_model)
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # the grouping is exercised
     ids, mask = _left_padded(model, seed=0, width=11, pads=(0, 4, 7))
     model.set_attn_implementation("eager")
@@ -76,10 +75,9 @@ def test_grouped_attention_under_bf16_autocast_matches_sdpa_in_trls_forward_and_
     assert all(wrong[k] > tolerances[k] for k in ("logps", "grads", "losses")), (wrong, tolerances)
 
 
-def test_greedy_generation_is_the_same_with_grouped_attention(tmp_path):
+def test_greedy_generation_is_the_same_with_grouped_attention(tiny_model):
     """generate's path (a growing cache, left padding, one query per step) picks the same tokens."""
-    cfg = compose_cfg(["debug=smoke"], tmp_path)
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    model, tokenizer = copy.deepcopy(tiny_model)
     ids, mask = _left_padded(model, seed=1, width=9, pads=(0, 3, 6))
     runs = {}
     for choice in ("eager", "grouped"):
@@ -91,13 +89,12 @@ def test_greedy_generation_is_the_same_with_grouped_attention(tmp_path):
 
 
 @pytest.mark.parametrize("decode", attention.DECODE_LAYOUTS)
-def test_a_decoding_step_through_grouped_attention_equals_eager(tmp_path, decode):
+def test_a_decoding_step_through_grouped_attention_equals_eager(tiny_model, decode):
     """One query per row after a padded prefix in the cache: the layout the rollout engine decodes with, in both
     of speed.attention_decode's layouts."""
     from transformers import DynamicCache
 
-    cfg = compose_cfg(["debug=smoke"], tmp_path)
-    model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    model, _ = copy.deepcopy(tiny_model)
     ids, mask = _left_padded(model, seed=2, width=10, pads=(0, 2, 5))
     step = torch.randint(5, model.config.vocab_size, (3, 1))
     kw = rollout._cache_kwarg(type(model))  # transformers renamed past_key_values in a minor release
@@ -113,20 +110,18 @@ def test_a_decoding_step_through_grouped_attention_equals_eager(tmp_path, decode
     torch.testing.assert_close(logits["grouped"], logits["eager"], rtol=1e-5, atol=1e-5)
 
 
-def test_bad_choices_are_named(tmp_path):
-    cfg = compose_cfg(["debug=smoke"], tmp_path)
-    model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+def test_bad_choices_are_named(tiny_model):
+    model, _ = copy.deepcopy(tiny_model)
     with pytest.raises(ValueError, match="unknown attention 'flash'; choose one of sdpa, grouped, eager"):
         attention.use(model, "flash")
     with pytest.raises(ValueError, match="unknown decoding layout 'rows'; choose one of cache_axis, last_axis"):
         attention.use(model, "grouped", "rows")
 
 
-def test_the_last_axis_layout_is_grouped_attention_itself_beyond_one_query(tmp_path):
+def test_the_last_axis_layout_is_grouped_attention_itself_beyond_one_query(tiny_model):
     """speed.attention_decode=last_axis changes only one-query steps: a training forward and backward over many
     positions is grouped attention's, bit for bit; its greedy decoding picks eager's tokens."""
-    cfg = compose_cfg(["debug=smoke"], tmp_path)
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    model, tokenizer = copy.deepcopy(tiny_model)
     ids, mask = _left_padded(model, seed=0, width=11, pads=(0, 4, 7))
     assert attention.use(model, "grouped") == attention.GROUPED
     logits, grads = _loss_and_grads(model, ids, mask)
@@ -149,9 +144,9 @@ ON_THIS_MACHINE = attention.GROUPED if not torch.cuda.is_available() else "sdpa"
 
 @pytest.mark.parametrize("choice,expected", [("grouped", attention.GROUPED), ("sdpa", "sdpa"),
                                              (None, ON_THIS_MACHINE)])
-def test_the_trainer_gives_the_policy_the_chosen_attention(tmp_path, spread_reward, choice, expected):
+def test_the_trainer_gives_the_policy_the_chosen_attention(tmp_path, test_rewards, choice, expected):
     chosen = [f"speed.attention={choice}"] if choice else []
-    cfg = compose_cfg(["debug=smoke", "train.max_steps=1", *chosen, *spread_reward], tmp_path)
+    cfg = compose_cfg(["debug=smoke", "train.max_steps=1", *chosen, *test_rewards.SPREAD_REWARD], tmp_path)
     assert cfg.speed.attention == (choice or "auto")
     trainer, _, losses, moved = train_briefly(cfg)
     assert trainer.model.config._attn_implementation == expected

@@ -78,9 +78,9 @@ def test_another_torch_release_keeps_inductors_kernel(monkeypatch):
     """Under a torch release other than the one whose inductor the kernel repeats, sum_chunks does not claim to
     know its split, so the compiled step keeps inductor's kernel (torch 2.11's rounded otherwise)."""
     assert decode_attention.checked_torch("2.13.0+cpu") and not decode_attention.checked_torch("2.11.0+cu130")
-    monkeypatch.setattr(decode_softmax, "TORCH_CHECKED", True)
+    monkeypatch.setattr(decode_attention, "TORCH_CHECKED", True)
     assert decode_attention.sum_chunks(16, 3, 128) is not None  # the default model's at 16 rows, on an x86 CPU
-    monkeypatch.setattr(decode_softmax, "TORCH_CHECKED", False)
+    monkeypatch.setattr(decode_attention, "TORCH_CHECKED", False)
     assert decode_attention.sum_chunks(16, 3, 128) is None
 
 

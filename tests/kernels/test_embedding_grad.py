@@ -9,10 +9,8 @@ import copy
 import torch
 import transformers
 
-from grpo_exp.core import models
 from grpo_exp.kernels import embedding_grad
 from grpo_exp.training import shared_prefix
-from tests.conftest import compose_cfg
 
 
 def _scoring_grads(model, pad: int) -> dict[str, torch.Tensor]:
@@ -34,9 +32,8 @@ def _scoring_grads(model, pad: int) -> dict[str, torch.Tensor]:
     return {name: p.grad for name, p in model.named_parameters()}
 
 
-def test_the_tied_embeddings_gradients_equal_torchs_bit_for_bit(tmp_path):
-    cfg = compose_cfg(["debug=smoke"], tmp_path)
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+def test_the_tied_embeddings_gradients_equal_torchs_bit_for_bit(tiny_model):
+    model, tokenizer = copy.deepcopy(tiny_model)
     model.train()
     touched = copy.deepcopy(model)
     assert embedding_grad.install(touched) and isinstance(touched.get_input_embeddings(), embedding_grad.TiedEmbedding)
@@ -46,9 +43,8 @@ def test_the_tied_embeddings_gradients_equal_torchs_bit_for_bit(tmp_path):
     assert got["model.embed_tokens.weight"].layout == torch.strided  # fused AdamW takes it as before
 
 
-def test_a_copy_looks_up_its_own_weight_and_no_grad_is_the_plain_lookup(tmp_path):
-    cfg = compose_cfg(["debug=smoke"], tmp_path)
-    model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+def test_a_copy_looks_up_its_own_weight_and_no_grad_is_the_plain_lookup(tiny_model):
+    model, _ = copy.deepcopy(tiny_model)
     embedding_grad.install(model)
     clone = copy.deepcopy(model)
     with torch.no_grad():

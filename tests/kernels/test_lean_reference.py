@@ -11,18 +11,14 @@ import pytest
 import torch
 from trl.trainer.utils import create_model_from_path
 
-from grpo_exp.core import models
 from grpo_exp.kernels import lean_reference
 from grpo_exp.training import shared_prefix
-from tests.conftest import compose_cfg
 
 
 @pytest.fixture
-def model_path(tmp_path) -> str:
+def model_path(tiny_model) -> str:
     """The tiny model's saved directory (what TRL loads its reference from)."""
-    cfg = compose_cfg(["debug=smoke"], tmp_path)
-    model, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
-    return model.name_or_path
+    return tiny_model[0].name_or_path
 
 
 def _mapped(path: str) -> bool:

@@ -1,4 +1,4 @@
-"""train.saved_tensors=lean (kernels/lean_saved.py): the same log-probs and gradients, bit for bit, as autocast's own
+"""Lean saved tensors (kernels/lean_saved.py): the same log-probs and gradients, bit for bit, as autocast's own
 forward and backward, with the weights' bf16 casts no longer held from the forward to the backward."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def deterministic_cuda(monkeypatch):
 @pytest.mark.parametrize("score", [shared_prefix_scoring, shared_prefix_scoring_trl_head, trl_path],
                          ids=["shared_prefix", "shared_prefix_trl_head", "trl_forward"])
 def test_log_probs_and_gradients_equal_autocasts_bit_for_bit_on_cuda(llama_cuda, deterministic_cuda, score, attn):
-    """train.saved_tensors=auto is lean under bf16 on CUDA too: the same check where CUDA's autocast, cuBLAS and
+    """The plan's saved tensors are lean under bf16 on CUDA too: the same check where CUDA's autocast, cuBLAS and
     kernels compute, the recast weights' products included."""
     assert attention.use(llama_cuda, attn)
     plain_logps, plain_grads = forward_backward(llama_cuda, score, lean=False, device="cuda")

@@ -13,6 +13,8 @@ from grpo_exp.kernels import packed_linear, small_rows
 
 CPU = torch.device("cpu")
 WHY = packed_linear.unsupported_reason(torch.bfloat16, CPU)
+# the tests of packing itself: where nothing can be packed they are skipped (the first test checks that it says why)
+needs_packing = pytest.mark.skipif(WHY is not None, reason=f"nothing can be packed on this CPU: {WHY}")
 
 
 def test_what_cannot_be_packed_says_why():
@@ -22,15 +24,14 @@ def test_what_cannot_be_packed_says_why():
     assert "cuda" in packed_linear.unsupported_reason(torch.bfloat16, torch.device("cuda"))
     if WHY is not None:  # this CPU: oneDNN has no bf16 layout to pack into, and says so
         assert "native bf16" in WHY
+        assert torch.ops.mkldnn._is_mkldnn_bf16_supported() is False
         with pytest.raises(RuntimeError, match="bf16"):
             packed_linear.PackedLinear(torch.nn.Linear(8, 8).bfloat16())
 
 
+@needs_packing
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_outputs_equal_the_plain_linears_bit_for_bit(bias):
-    if WHY is not None:
-        assert torch.ops.mkldnn._is_mkldnn_bf16_supported() is False
-        return
     torch.manual_seed(0)
     plain = torch.nn.Linear(96, 160, bias=bias).bfloat16()
     layer = packed_linear.PackedLinear(plain)
@@ -62,10 +63,8 @@ def test_packed_outputs_equal_the_plain_linears_bit_for_bit(bias):
             layer(x)
 
 
+@needs_packing
 def test_pack_linears_swaps_every_linear_and_keeps_names_and_ties():
-    if WHY is not None:
-        assert "native bf16" in WHY
-        return
     model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 8), torch.nn.ReLU(),
                                 torch.nn.Sequential(torch.nn.Linear(8, 10, bias=False))).bfloat16()
     model[3][0].weight = model[0].weight  # a head tied to the embedding
@@ -76,11 +75,9 @@ def test_pack_linears_swaps_every_linear_and_keeps_names_and_ties():
     assert model[3][0].weight is model[0].weight
 
 
+@needs_packing
 def test_a_layer_with_a_forward_of_its_own_is_left_as_it_is():
     """TRL's cast_lm_head_to_fp32 replaces the head's forward on the instance; packing it would drop that."""
-    if WHY is not None:
-        assert "native bf16" in WHY
-        return
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).bfloat16()
     own = model[1]
     own.forward = lambda x: torch.nn.functional.linear(x.float(), own.weight.float())
@@ -89,14 +86,13 @@ def test_a_layer_with_a_forward_of_its_own_is_left_as_it_is():
     assert model(torch.randn(2, 8).bfloat16()).dtype == torch.float32
 
 
+@needs_packing
 def test_a_deep_copy_packs_into_a_slot_of_its_own():
     """copy.deepcopy of a packed layer (or a model holding one) must not share the original's packed weight: the
     copy's weight is its own tensor, packing one must not change the other's products, and the original's end must
     not empty the copy's slot."""
     import gc
 
-    if WHY is not None:
-        return  # nothing can be packed on this CPU (the first test checks that it says so)
     torch.manual_seed(0)
     original = packed_linear.PackedLinear(torch.nn.Linear(32, 48).bfloat16())
     clone = copy.deepcopy(torch.nn.Sequential(original))[0]
@@ -144,14 +140,13 @@ def _compiled_with_fusion(model) -> tuple[object, list[int]]:
     return torch.compile(model, backend=backend, dynamic=False), groups
 
 
+@needs_packing
 @pytest.mark.parametrize("bias", [False, True])
 def test_products_that_share_an_input_are_one_product_with_the_same_outputs(bias):
     """compile_fused: q, k and v become one product of their concatenated weights, and the compiled module gives
     what the plain module compiled by inductor gives, bit for bit; after the weights changed and were packed
     again, the group's weight is made again from them; a layer of the group that holds no packed weight is an
     error, not a stale product."""
-    if WHY is not None:
-        return  # nothing can be packed on this CPU (the first test checks that it says so)
     torch.manual_seed(0)
     plain = _SharedInputs(bias).bfloat16()
     model = copy.deepcopy(plain)
@@ -174,11 +169,10 @@ def test_products_that_share_an_input_are_one_product_with_the_same_outputs(bias
     assert groups == [1]  # the same compiled graph throughout
 
 
+@needs_packing
 def test_products_whose_bias_the_graph_casts_are_left_apart():
     """The autocast copy keeps fp32 biases, cast inside the compiled graph: those products are not fused (the fused
     one would come before the casts), and the outputs are still autocast's."""
-    if WHY is not None:
-        return
     torch.manual_seed(0)
     plain = _SharedInputs(bias=True)
     for layer in (plain.q, plain.k, plain.v, plain.o):

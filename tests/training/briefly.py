@@ -1,12 +1,12 @@
-"""Short real GRPO training for tests: a reward with spread on the tiny model's random text, and one helper
-that builds a trainer around a composed config, trains it and reports what its steps saw and did."""
+"""Short real GRPO training for tests: one helper that builds a trainer around a composed config, trains it and
+reports what its steps saw and did. The reward with spread on the tiny model's random text that such a run needs
+is the test_rewards fixture's (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 
-import pytest
 import torch
 
 from grpo_exp.base import cpu
@@ -15,17 +15,6 @@ from grpo_exp.config.speed import resolve
 from grpo_exp.core import data, models, rewards
 from grpo_exp.training.stage import StageParts
 from grpo_exp.training.trainer import build_trainer
-from tests.spread_reward_main import vowel_fraction
-
-# Math rewards score 0 on random tokens (no advantages, no updates); vowel_fraction has spread.
-SPREAD_REWARD = ["reward.funcs=[vowel_fraction]", "reward.weights=[1.0]"]
-
-
-@pytest.fixture
-def spread_reward(monkeypatch):
-    """Registers vowel_fraction; returns the overrides that select it."""
-    monkeypatch.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
-    return SPREAD_REWARD
 
 
 def train_briefly(cfg, **plan_changes):

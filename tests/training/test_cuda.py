@@ -22,8 +22,8 @@ from grpo_exp.core import models
 from grpo_exp.kernels import logprob_head
 from grpo_exp.training import shared_prefix
 from tests.conftest import compose_cfg
-from tests.core.test_logprob_head import reference, relative_error  # the fp64 reference the CPU tests use
-from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
+from tests.kernels.test_logprob_head import reference, relative_error  # the fp64 reference the CPU tests use
+from tests.training.briefly import train_briefly
 
 pytestmark = pytest.mark.gpu
 
@@ -90,11 +90,12 @@ def test_shared_prefix_scoring_matches_trl_on_cuda(tmp_path):
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_a_grpo_step_through_the_rollout_engine_and_the_autocast_head_on_cuda(tmp_path, spread_reward):
+def test_a_grpo_step_through_the_rollout_engine_and_the_autocast_head_on_cuda(tmp_path, test_rewards):
     """The engine's bf16 copy (its decoding step compiled, as `speed.rollout_compile=auto` does on CUDA) samples,
     TRL's importance correction weights the loss, and the autocast LM head's backward updates the policy."""
     cfg = compose_cfg(smoke("logger=none", "train.max_steps=2", "train.learning_rate=1e-3", "train.save_steps=100",
-                            "speed.generation=engine", "speed.logprob_kernel=autocast", *spread_reward), tmp_path)
+                            "speed.generation=engine", "speed.logprob_kernel=autocast", *test_rewards.SPREAD_REWARD),
+                      tmp_path)
     trainer, seen, losses, moved = train_briefly(cfg)
     engine = trainer.rollout_engine
     assert engine is not None and engine.device.type == "cuda" and engine.dtype == torch.bfloat16

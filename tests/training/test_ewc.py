@@ -9,15 +9,7 @@ import pytest
 import torch
 
 from grpo_exp.training import ewc
-from grpo_exp.core import models
 from tests.conftest import compose_cfg
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = compose_cfg(["model=tiny_random"], tmp_path_factory.mktemp("tiny"))
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
-    return model, tokenizer
 
 
 def _sequences(tokenizer, model, temperature=1.0):
@@ -27,9 +19,9 @@ def _sequences(tokenizer, model, temperature=1.0):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_fisher_matches_brute_force(tiny, temperature):
+def test_fisher_matches_brute_force(tiny_model, temperature):
     """At T != 1 the samples come from pi_T, and the gradient is of log pi_T (logits / T): one distribution."""
-    model, tokenizer = tiny
+    model, tokenizer = tiny_model
     sequences = _sequences(tokenizer, model, temperature)
     fisher = ewc.fisher_from_sequences(model, sequences, include_embeddings=True, progress=False,
                                        temperature=temperature)
@@ -56,9 +48,9 @@ def test_fisher_matches_brute_force(tiny, temperature):
         assert any(not torch.allclose(untempered[n], fisher[n], rtol=1e-3) for n in fisher)
 
 
-def test_estimate_differentiates_at_the_sampling_temperature(tiny, monkeypatch):
+def test_estimate_differentiates_at_the_sampling_temperature(tiny_model, monkeypatch):
     """ewc.estimate passes its temperature to both the sampler and the gradient."""
-    model, tokenizer = tiny
+    model, tokenizer = tiny_model
     seen = {}
     real = ewc.fisher_sums
 
@@ -73,10 +65,10 @@ def test_estimate_differentiates_at_the_sampling_temperature(tiny, monkeypatch):
     assert seen["temperature"] == 0.7
 
 
-def test_the_shards_of_a_data_parallel_run_sample_what_one_process_samples(tiny):
+def test_the_shards_of_a_data_parallel_run_sample_what_one_process_samples(tiny_model):
     """Process i of n samples the batches i, i + n, ...; each batch is seeded by its position, so the shards
     together are the one-process sample (tests/training/test_ddp.py checks the all-reduced Fisher)."""
-    model, tokenizer = tiny
+    model, tokenizer = tiny_model
     prompts = [[{"role": "user", "content": f"What is {i} + 2?"}] for i in range(5)]
     kwargs = dict(max_new_tokens=4, temperature=1.0, batch_size=2, seed=3)
     whole = ewc.sample_sequences(model, tokenizer, prompts, **kwargs)
@@ -88,8 +80,8 @@ def test_the_shards_of_a_data_parallel_run_sample_what_one_process_samples(tiny)
         assert plen == want_len and torch.equal(ids, want)
 
 
-def test_embeddings_can_be_left_out(tiny):
-    model, _ = tiny
+def test_embeddings_can_be_left_out(tiny_model):
+    model, _ = tiny_model
     names = ewc.fisher_parameters(model, include_embeddings=False)
     assert names and not any("embed_tokens" in n or "lm_head" in n for n in names)
     assert any("embed_tokens" in n for n in ewc.fisher_parameters(model, include_embeddings=True))
@@ -100,8 +92,8 @@ def _state_for(model, scale=1.0):
     return ewc.EwcState(fisher, ewc.current_parameters(model, fisher.keys()), ["basic"])
 
 
-def test_penalty_is_zero_at_anchor_and_its_gradient_is_exact(tiny):
-    model, _ = tiny
+def test_penalty_is_zero_at_anchor_and_its_gradient_is_exact(tiny_model):
+    model, _ = tiny_model
     state = _state_for(model)
     lam = 7.0
     penalty = ewc.EwcPenalty(state, lam)
@@ -128,8 +120,8 @@ def test_penalty_is_zero_at_anchor_and_its_gradient_is_exact(tiny):
         model.zero_grad()
 
 
-def test_online_consolidation_and_save_load(tmp_path, tiny):
-    model, _ = tiny
+def test_online_consolidation_and_save_load(tmp_path, tiny_model):
+    model, _ = tiny_model
     first = _state_for(model)
     second_fisher = {n: torch.ones_like(f) for n, f in first.fisher.items()}
     merged = first.consolidate(second_fisher, first.anchor, gamma=0.5, stage="intermediate")
@@ -152,8 +144,8 @@ def test_online_ewc_keeps_an_entry_the_new_fisher_lacks():
     assert new.stages == ["basic", "intermediate"]
 
 
-def test_non_finite_fisher_is_refused_and_names_the_tensor(tmp_path, tiny):
-    model, _ = tiny
+def test_non_finite_fisher_is_refused_and_names_the_tensor(tmp_path, tiny_model):
+    model, _ = tiny_model
     state = _state_for(model)
     name = sorted(state.fisher)[0]
     state.fisher[name][0] = float("nan")

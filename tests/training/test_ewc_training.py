@@ -3,6 +3,7 @@ back, and a 3-stage curriculum with Fisher files and an accuracy matrix."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -16,16 +17,15 @@ from grpo_exp.training.curriculum import run_curriculum, transfer_metrics
 from grpo_exp.training.stage import StageParts, train
 from grpo_exp.training.trainer import build_trainer
 from tests.conftest import compose_cfg
-from tests.training.briefly import spread_reward  # noqa: F401 (fixture)
 
 FAST = ["debug=smoke", "stage.num_train=8", "ewc.fisher_samples=4", "ewc.fisher_batch_size=4"]
 
 
 
 
-def test_accumulation_steps_do_not_change_the_penalty_or_its_gradient(tmp_path):
+def test_accumulation_steps_do_not_change_the_penalty_or_its_gradient(tmp_path, tiny_model):
     cfg = compose_cfg(FAST, tmp_path)
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    model, tokenizer = copy.deepcopy(tiny_model)
     fisher = {n: torch.rand_like(p.detach()) for n, p in ewc.fisher_parameters(model, False).items()}
     state = ewc.EwcState(fisher, ewc.current_parameters(model, fisher), ["basic"])
     with torch.no_grad():
@@ -59,8 +59,9 @@ def _weighted_distance(state, model_dir) -> float:
     return ewc.EwcPenalty(state, 1.0).weighted_distance(model)
 
 
-def test_large_lambda_keeps_parameters_closer_to_the_anchor(tmp_path, spread_reward):
-    first = compose_cfg([*FAST, *spread_reward, "train.max_steps=1", "ewc.lambda=1"], tmp_path / "a")
+@pytest.mark.slow
+def test_large_lambda_keeps_parameters_closer_to_the_anchor(tmp_path, test_rewards):
+    first = compose_cfg([*FAST, *test_rewards.SPREAD_REWARD, "train.max_steps=1", "ewc.lambda=1"], tmp_path / "a")
     train(first)
     state = ewc.EwcState.load(tmp_path / "a")
     assert (tmp_path / "a" / "fisher.safetensors").exists() and state.stages == ["basic"]
@@ -68,7 +69,7 @@ def test_large_lambda_keeps_parameters_closer_to_the_anchor(tmp_path, spread_rew
     distances = {}
     for lam in (0, 1e6):
         out = tmp_path / f"lam{lam:g}"
-        cfg = compose_cfg([*FAST, *spread_reward, "train.max_steps=4", "train.learning_rate=1e-3",
+        cfg = compose_cfg([*FAST, *test_rewards.SPREAD_REWARD, "train.max_steps=4", "train.learning_rate=1e-3",
                            f"ewc.lambda={lam}", f"init_from={tmp_path / 'a'}"], out)
         metrics = train(cfg)
         assert metrics["steps"] == 4
@@ -92,18 +93,20 @@ def test_init_from_without_ewc_state_is_refused(tmp_path):
         train(compose_cfg([*FAST, f"init_from={tmp_path}"], tmp_path / "c"))
 
 
-def test_init_from_without_ewc_state_gets_its_fisher_estimated(tmp_path, spread_reward):
+@pytest.mark.slow
+def test_init_from_without_ewc_state_gets_its_fisher_estimated(tmp_path, test_rewards):
     """A run trained without EWC can still be protected: its Fisher is estimated at the next stage's start
     with its own recorded stage and settings, equal to what ewc.lambda>0 would have saved at its end."""
     from omegaconf import OmegaConf
 
     from grpo_exp.training.stage import consolidate_fisher, stage_examples, starting_fisher
 
-    first = compose_cfg([*FAST, *spread_reward, "train.max_steps=1", "train.temperature=0.7"], tmp_path / "a")
+    first = compose_cfg([*FAST, *test_rewards.SPREAD_REWARD, "train.max_steps=1", "train.temperature=0.7"],
+                        tmp_path / "a")
     train(first)
     (tmp_path / "a" / ".hydra").mkdir()
     OmegaConf.save(first, tmp_path / "a" / ".hydra" / "config.yaml")  # what Hydra records for a CLI run
-    later = [*FAST, *spread_reward, "stage=intermediate", "train.max_steps=2", "train.learning_rate=1e-3",
+    later = [*FAST, *test_rewards.SPREAD_REWARD, "stage=intermediate", "train.max_steps=2", "train.learning_rate=1e-3",
              "ewc.lambda=1e6", f"init_from={tmp_path / 'a'}"]
 
     model, tokenizer = models.load(first.model, first.paths.cache_dir, seed=0, init_from=tmp_path / "a" / "model")
@@ -121,6 +124,7 @@ def test_init_from_without_ewc_state_gets_its_fisher_estimated(tmp_path, spread_
     assert "estimated at the start" in metrics["ewc_from"]
 
 
+@pytest.mark.slow
 def test_three_stage_curriculum_writes_stages_fishers_and_matrix(tmp_path):
     overrides = [*FAST, "train.max_steps=1", "ewc.lambda=10", "curriculum=progressive",
                  "curriculum.eval_limit=3", "curriculum.eval_batch_size=3", "train.max_completion_length=8"]

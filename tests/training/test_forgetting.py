@@ -7,34 +7,26 @@ import torch
 
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.checks import validate
-from grpo_exp.core import models
 from grpo_exp.training.forgetting import completion_logps, kl_from_reference, sample_reference
 from tests.conftest import compose_cfg
 
 QUESTIONS = [f"What is {a} + {b}?" for a in range(1, 9) for b in range(1, 9)]  # 64 prompts
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = compose_cfg(["debug=smoke"], tmp_path_factory.mktemp("run"))
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
-    return model, tokenizer
-
-
 def _reference(model, tokenizer):
     return sample_reference(model, tokenizer, QUESTIONS, system_prompt="", max_new_tokens=12, seed=0, batch_size=32)
 
 
-def test_kl_is_zero_for_the_reference_policy_itself(tiny):
-    model, tokenizer = tiny
+def test_kl_is_zero_for_the_reference_policy_itself(tiny_model):
+    model, tokenizer = tiny_model
     ref = _reference(model, tokenizer)
     assert ref.completion_mask.sum() > 0
     assert kl_from_reference(model, ref)["kl"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_kl_estimate_matches_the_exact_token_kl(tiny):
+def test_kl_estimate_matches_the_exact_token_kl(tiny_model):
     """k3 over the sampled tokens estimates sum_v p_prev log(p_prev / p_now) at the same positions."""
-    model, tokenizer = tiny
+    model, tokenizer = tiny_model
     ref = _reference(model, tokenizer)
     moved = type(model)(model.config)
     moved.load_state_dict(model.state_dict())
@@ -55,8 +47,8 @@ def test_kl_estimate_matches_the_exact_token_kl(tiny):
     assert torch.allclose(completion_logps(model, ref), ref.logps, atol=1e-5)
 
 
-def test_completion_mask_stops_after_eos(tiny):
-    model, tokenizer = tiny
+def test_completion_mask_stops_after_eos(tiny_model):
+    model, tokenizer = tiny_model
     ref = _reference(model, tokenizer)
     eos = tokenizer.eos_token_id
     completions = ref.input_ids[:, -ref.completion_mask.shape[1]:]

@@ -4,6 +4,7 @@ it, and bad settings fail with one line before any model loads."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -32,20 +33,11 @@ LORA = ["debug=smoke", "logger=none", "peft=lora", "reward.funcs=[vowel_fraction
 EWC_FAST = ["ewc.fisher_samples=4", "ewc.fisher_batch_size=4"]
 
 
-@pytest.fixture
-def spread(monkeypatch):
-    from grpo_exp.core import rewards
-    from tests import spread_reward_main
-
-    for name, func in spread_reward_main.TEST_REWARDS.items():
-        monkeypatch.setitem(rewards.REGISTRY, name, func)
-
-
 def _is_adapter_param(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
-def test_grpo_steps_change_only_the_adapter(tmp_path, spread):
+def test_grpo_steps_change_only_the_adapter(tmp_path, test_rewards):
     cfg = compose_cfg([*LORA, "train.max_steps=2"], tmp_path)
     validate(cfg)
     parts = prepare(cfg)
@@ -70,7 +62,7 @@ def test_grpo_steps_change_only_the_adapter(tmp_path, spread):
     assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
 
 
-def test_model_dir_is_the_merged_model_and_loads_and_generates(tmp_path, spread):
+def test_model_dir_is_the_merged_model_and_loads_and_generates(tmp_path, test_rewards):
     run = tmp_path / "run"
     cfg = compose_cfg([*LORA, "train.max_steps=2", "eval.after_train=true"], run)
     metrics = train(cfg)
@@ -114,7 +106,8 @@ def test_model_dir_is_the_merged_model_and_loads_and_generates(tmp_path, spread)
         torch.testing.assert_close(with_adapter(**enc).logits, merged(**enc).logits, rtol=1e-4, atol=1e-4)
 
 
-def test_ewc_over_adapters_and_a_stage_that_continues_the_adapter(tmp_path, spread):
+@pytest.mark.slow
+def test_ewc_over_adapters_and_a_stage_that_continues_the_adapter(tmp_path, test_rewards):
     first_dir, second_dir = tmp_path / "a", tmp_path / "b"
     train(compose_cfg([*LORA, *EWC_FAST, "train.max_steps=2", "ewc.lambda=1"], first_dir))
     state = ewc.EwcState.load(first_dir)
@@ -159,7 +152,8 @@ def test_ewc_over_adapters_and_a_stage_that_continues_the_adapter(tmp_path, spre
         prepare(compose_cfg([*LORA, f"init_from={moved}"], tmp_path / "d"))
 
 
-def test_lora_stages_after_a_fully_fine_tuned_model(tmp_path, spread):
+@pytest.mark.slow
+def test_lora_stages_after_a_fully_fine_tuned_model(tmp_path, test_rewards):
     cfg = compose_cfg(["debug=smoke"], tmp_path / "full")
     model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed)
     with torch.no_grad():  # stands in for full fine-tuning: weights no adapter touches differ from the base
@@ -184,7 +178,8 @@ def test_lora_stages_after_a_fully_fine_tuned_model(tmp_path, spread):
     assert torch.equal(merged.model.norm.weight, model.model.norm.weight)
 
 
-def test_resume_reloads_the_adapter_from_the_checkpoint(tmp_path, spread, monkeypatch):
+@pytest.mark.slow
+def test_resume_reloads_the_adapter_from_the_checkpoint(tmp_path, test_rewards, monkeypatch):
     steps = [*LORA, "train.max_steps=4", "train.save_steps=2", "train.save_total_limit=null"]
     train(compose_cfg(steps, tmp_path / "ref"))
 
@@ -210,14 +205,14 @@ def test_resume_reloads_the_adapter_from_the_checkpoint(tmp_path, spread, monkey
         torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_shared_prefix_matches_trls_forward_with_an_adapter(tmp_path):
+def test_shared_prefix_matches_trls_forward_with_an_adapter(tmp_path, tiny_model):
     from peft import get_peft_model
     from trl.trainer.utils import add_fused_lm_head
 
     from tests.training.test_shared_prefix import grpo_batch, score, trl_forward
 
     cfg = compose_cfg(["debug=smoke", "peft=lora"], tmp_path)
-    base, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    base, tokenizer = copy.deepcopy(tiny_model)
     model = get_peft_model(base, lora.lora_config(cfg.peft))
     with torch.no_grad():  # a trained-looking adapter: B = 0 would leave A without gradients
         gen = torch.Generator().manual_seed(0)
@@ -295,12 +290,13 @@ BAD_CLI = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
 def test_bad_peft_overrides_fail_fast_with_one_line(tmp_path, args, needle):
     assert_fails_fast_with_one_line(tmp_path / "run", ["model=tiny_random", *args], needle)
 
 
-def test_a_kl_reference_with_an_adapter(tmp_path, spread):
+def test_a_kl_reference_with_an_adapter(tmp_path, test_rewards):
     """train.beta > 0: TRL scores the reference with a frozen copy of the starting adapter ("ref")."""
     run = tmp_path / "run"
     metrics = train(compose_cfg([*LORA, "train.max_steps=2", "train.beta=0.04"], run))

@@ -24,18 +24,6 @@ SPREAD = ["debug=smoke", "logger=none", "reward.funcs=[vowel_fraction]", "reward
           "train.learning_rate=1e-3", "train.save_total_limit=null"]
 
 
-@pytest.fixture
-def test_rewards(monkeypatch):
-    """The subprocess runner's rewards, registered for in-process runs of this test only."""
-    from grpo_exp.core import rewards
-    from tests import spread_reward_main
-
-    for name, func in spread_reward_main.TEST_REWARDS.items():
-        monkeypatch.setitem(rewards.REGISTRY, name, func)
-    spread_reward_main._calls["n"] = 0
-    return spread_reward_main
-
-
 def _start(run_dir: Path, *extra: str, env: dict | None = None, log=subprocess.PIPE) -> subprocess.Popen:
     """`log`: an open file for both streams of a run nobody reads while it goes (a full pipe would stall it)."""
     return subprocess.Popen([sys.executable, "-m", "tests.spread_reward_main", *SPREAD, *extra,
@@ -61,6 +49,7 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch, test_rewards):
     from grpo_exp.training.stage import train
 
@@ -98,10 +87,11 @@ def rewards_registry():
     return rewards.REGISTRY
 
 
+@pytest.mark.slow
 def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, test_rewards):
     from grpo_exp.training.stage import train
 
-    spread_reward_main = test_rewards
+    test_rewards.reset_calls()
     os.environ["GRPO_EXP_TEST_NAN_AFTER"] = "2"
     try:
         cfg = compose_cfg([*SPREAD, "reward.funcs=[vowel_fraction,nan_after]", "reward.weights=[1.0,1.0]",
@@ -116,6 +106,7 @@ def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, test_
         os.environ.pop("GRPO_EXP_TEST_NAN_AFTER", None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [
     ["train.gradient_accumulation_steps=1"],
     ["train.gradient_accumulation_steps=2", "train.per_device_train_batch_size=2", "train.steps_per_generation=null"],
@@ -128,6 +119,7 @@ def test_a_skipped_step_changes_no_parameter_or_optimizer_state(tmp_path, test_r
     from grpo_exp.training.trainer import GrpoExpTrainer
 
     spread_reward_main = test_rewards
+    spread_reward_main.reset_calls()
     nan_calls = {2}  # the second generation round's rewards hold a NaN; the others are clean
 
     def nan_on_call(completions, **kwargs):
@@ -182,6 +174,7 @@ def test_a_skipped_step_changes_no_parameter_or_optimizer_state(tmp_path, test_r
     assert len(skipped) == steps_per_round and "returned nan" in skipped[0]["skipped_reason"]
 
 
+@pytest.mark.slow
 def test_nan_reward_through_the_entrypoint_is_one_line_and_exit_3(tmp_path):
     proc = _run(tmp_path / "run", "reward.funcs=[vowel_fraction,nan_after]", "reward.weights=[1.0,1.0]",
                 "train.max_steps=3", env={"GRPO_EXP_TEST_NAN_AFTER": "0"})
@@ -190,6 +183,7 @@ def test_nan_reward_through_the_entrypoint_is_one_line_and_exit_3(tmp_path):
     assert len(errors) == 1 and "step 1" in errors[0]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_nonzero(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "train.max_steps=50", "train.save_steps=100")
@@ -211,6 +205,7 @@ def test_unwritable_output_directory_is_a_clear_error(tmp_path):
         train(compose_cfg(["debug=smoke", "logger=none"], blocker / "run"))
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp_path, test_rewards):
     """A real ENOSPC: checkpoint-4's trainer_state.json is a link to /dev/full, where every write fails."""
     from grpo_exp.training.stage import train
@@ -230,12 +225,10 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp
     AutoModelForCausalLM.from_pretrained(ckpts[0])  # loadable
 
 
-def test_a_full_disk_while_saving_model_dir_changes_nothing(tmp_path):
-    from grpo_exp.core import models
+def test_a_full_disk_while_saving_model_dir_changes_nothing(tmp_path, tiny_model):
     from grpo_exp.base.io import save_model_dir
 
-    cfg = compose_cfg(["debug=smoke"], tmp_path / "run")
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    model, tokenizer = tiny_model
     target = save_model_dir(model, tokenizer, tmp_path / "model")
     before = {p.name: p.read_bytes() for p in target.iterdir()}
 
@@ -251,6 +244,7 @@ def test_a_full_disk_while_saving_model_dir_changes_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at", ["published:checkpoint-4", "published:model", "retired:model"])
 def test_a_kill_inside_a_publish_is_repaired_on_resume(tmp_path, kill_at):
     """A fault hook kills the run (no clean-up) at a step of publishing checkpoint-4 or model/; resume
@@ -279,6 +273,7 @@ def test_a_kill_inside_a_publish_is_repaired_on_resume(tmp_path, kill_at):
     assert steps == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_locked_directory_fails_naming_the_holder(tmp_path):
     from grpo_exp.training.run_dir import RunLock
 
@@ -303,6 +298,7 @@ def test_a_second_run_on_a_locked_directory_fails_naming_the_holder(tmp_path):
     lock.release()
 
 
+@pytest.mark.slow
 def test_resume_with_changed_training_settings_names_each_key(tmp_path, test_rewards):
     from grpo_exp.training.stage import train
 

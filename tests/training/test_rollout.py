@@ -5,6 +5,7 @@ speed belongs to grpo-bench."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from types import SimpleNamespace
 
@@ -20,7 +21,7 @@ from grpo_exp.kernels import attention, decode_attention, packed_linear, small_r
 from grpo_exp.training import rollout
 from tests.conftest import compose_cfg
 from tests.kernels.test_decode_attention import needs_checked_torch
-from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
+from tests.training.briefly import train_briefly
 
 FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none",
         "train.max_completion_length=8", "reward.funcs=[vowel_fraction]", "reward.weights=[1.0]",
@@ -28,13 +29,14 @@ FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger
 PROMPTS = ["What is 7 + 5?", "Tom has 12 apples and eats 3 of them. How many are left?"]
 
 
-pytestmark = pytest.mark.usefixtures("spread_reward")
+pytestmark = pytest.mark.usefixtures("test_rewards")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = compose_cfg(["debug=smoke"], tmp_path_factory.mktemp("run"))
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+def tiny(tiny_model):
+    """This module's own copy of the session's tiny model (its tests move the policy's weights, replace its head's
+    tensor and switch its attention), with the chat-templated PROMPTS."""
+    model, tokenizer = copy.deepcopy(tiny_model)
     rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False) for p in PROMPTS]
     return model, tokenizer, rows
@@ -375,20 +377,29 @@ def test_refresh_copies_in_place_into_the_bf16_copy(tiny):
             torch.testing.assert_close(param, dict(model.named_parameters())[name].detach().bfloat16())
 
 
+CANNOT_PACK = packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu"))
+
+
+@pytest.mark.skipif(CANNOT_PACK is None, reason="this CPU packs bf16 weights (the next test packs them)")
+def test_without_native_bf16_the_plan_leaves_the_copy_plain_and_the_engine_refuses_to_pack(tiny):
+    """Packed weights where the CPU has no native bf16: the speed plan does not ask for them, and the engine
+    refuses a request for them."""
+    model, tokenizer, _ = tiny
+    eos = [tokenizer.eos_token_id]
+    train = type("T", (), {"precision": "bf16", "gradient_checkpointing": False})()
+    assert not speed.resolve(speed.SpeedConfig(rollout_dtype="bf16"), train, device="cpu").rollout_prepack
+    with pytest.raises(ValueError, match="packed rollout weights cannot be used here"):
+        engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack=True)
+
+
+@pytest.mark.skipif(CANNOT_PACK is not None, reason=f"nothing can be packed on this CPU: {CANNOT_PACK}")
 def test_a_packed_bf16_copy_samples_what_the_plain_copy_samples(tiny):
     """Packed weights (with speed.exact_shortcuts): the bf16 copy with its Linear weights packed for oneDNN (the decoding step compiled,
     products that share an input fused) draws the plain copy's tokens with the same log-probs, and again after the
-    policy moved, a release and a refill. Where the CPU has no native bf16, the plan leaves the weights plain and
-    the engine refuses to pack them."""
+    policy moved, a release and a refill."""
     model, tokenizer, prompts = tiny
     rows = [p for p in prompts for _ in range(2)]
     eos = [tokenizer.eos_token_id]
-    if packed_linear.unsupported_reason(torch.bfloat16, torch.device("cpu")):
-        assert not speed.resolve(speed.SpeedConfig(), type("T", (), {"precision": "bf16",
-                                 "gradient_checkpointing": False})(), device="cpu").rollout_prepack
-        with pytest.raises(ValueError, match="packed rollout weights cannot be used here"):
-            engine_for(model, tokenizer, eos, dtype=torch.bfloat16, prepack=True)
-        return
     plain = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, compile=True, prepack=False)
     packed = engine_for(model, tokenizer, eos, dtype=torch.bfloat16, compile=True, prepack=True)
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())

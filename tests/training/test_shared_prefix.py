@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 import torch
 from trl.trainer.utils import add_fused_lm_head
 
-from grpo_exp.core import models
 from grpo_exp.kernels import attention, lean_saved
 from grpo_exp.training import shared_prefix
-from tests.conftest import compose_cfg
 
 # bf16 keeps 8 significant bits: a rounding to nearest moves a value by at most U of it
 U = 2.0 ** -9
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = compose_cfg(["debug=smoke"], tmp_path_factory.mktemp("run"))
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+def tiny(tiny_model):
+    """A copy of the session's tiny model for the module that imports this (the tests patch in a fused LM head,
+    switch the attention, set the padding side)."""
+    model, tokenizer = copy.deepcopy(tiny_model)
     add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))  # as GRPOTrainer patches it
     return model, tokenizer
 

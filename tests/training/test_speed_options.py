@@ -12,12 +12,10 @@ import sys
 import pytest
 import torch
 
-from grpo_exp.core import rewards
 from grpo_exp.training import shared_prefix
 from grpo_exp.config.schema import generation_batch
 from tests.conftest import ROOT, compose_cfg
-from tests.training.briefly import spread_reward, train_briefly  # noqa: F401 (fixture)
-from tests.spread_reward_main import vowel_fraction
+from tests.training.briefly import train_briefly
 
 # debug=smoke: tiny random model, 2 prompts x 2 completions per step; 8 tokens
 FAST = ["debug=smoke", "stage.num_train=16", "train.learning_rate=1e-3", "logger=none", "train.max_completion_length=8",
@@ -41,7 +39,7 @@ OPTIONS = {
 }
 
 
-pytestmark = pytest.mark.usefixtures("spread_reward")
+pytestmark = pytest.mark.usefixtures("test_rewards")
 
 
 def one_run(tmp_path, overrides, plan_changes=None):
@@ -57,13 +55,8 @@ def one_run(tmp_path, overrides, plan_changes=None):
 
 
 @pytest.fixture(scope="module")
-def plain_run(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
-    try:
-        return one_run(tmp_path_factory.mktemp("plain"), OPTIONS["plain"])
-    finally:
-        mp.undo()
+def plain_run(tmp_path_factory, test_rewards):
+    return one_run(tmp_path_factory.mktemp("plain"), OPTIONS["plain"])
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
@@ -92,6 +85,7 @@ def test_option_makes_a_correct_grpo_step(name, tmp_path, plain_run):
         assert trainer.args.cache_implementation == "static"
 
 
+@pytest.mark.slow
 def test_the_lean_reference_gives_the_same_kl_and_losses(tmp_path):
     """The lean reference (one of speed.exact_shortcuts) under bf16 autocast: the reference's Linear weights in bf16,
     and the run logs the KL and losses of the fp32 reference bit for bit (the same seed, the same samples)."""
@@ -135,6 +129,7 @@ def test_the_kl_reference_attends_as_the_policy_so_the_first_kl_is_zero(loaded, 
     assert first["kl"] == 0.0
 
 
+@pytest.mark.slow
 def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
     """Same seed, same completions: the shared-prefix step logs TRL's entropy and gradient norm."""
     used = []
@@ -157,6 +152,7 @@ def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
     assert first_on["grad_norm"] == pytest.approx(first_off["grad_norm"], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
     out = tmp_path / "prof"
     proc = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--model", "tiny_random", "--tokens", "4",
@@ -180,12 +176,10 @@ def test_generation_profile_script_lists_ops_and_bandwidth(tmp_path):
     assert bad.returncode == 2 and "fp16" in bad.stderr and "bf16" in bad.stderr
 
 
-def test_generation_profile_of_the_rollout_engine_times_its_rounds(tmp_path):
-    from grpo_exp.core import models
-
+@pytest.mark.slow
+def test_generation_profile_of_the_rollout_engine_times_its_rounds(tmp_path, tiny_model):
     # a model directory as --model (model=custom): the tiny random model's, saved in the cache
-    cfg = compose_cfg(["debug=smoke"], tmp_path / "cfg")
-    model_dir = models.tiny_random(cfg.model, cfg.paths.cache_dir, 0)[0].name_or_path
+    model_dir = tiny_model[0].name_or_path
     out = tmp_path / "prof"
     proc = subprocess.run([sys.executable, "-m", "grpo_exp.apps.profile", "--path", "engine", "--model", model_dir,
                            "--tokens", "4", "--batch", "2", "--threads", "1", "--repeats", "2", "--attention-decode",

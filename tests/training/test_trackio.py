@@ -38,6 +38,7 @@ def trackio_cli(storage: Path, *args: str) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_sweep_jobs_land_in_one_trackio_project(tmp_path, trackio_env):
     sweep_dir = tmp_path / "trackio_sweep"
     proc = run_module("grpo_exp.train", "-m", "debug=smoke", "cpu.threads=1", "train.seed=1,2", "logger=trackio",
@@ -153,6 +154,7 @@ def test_trackio_that_cannot_start_leaves_training_untracked(tmp_path, trackio_e
     assert not (tmp_path / "run2" / "trackio").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["logger=trackoi"], "unknown logger option 'trackoi'; valid choices: none, trackio, wandb"),
     (["logger=trackio", "logger.mode=online"], "logger.mode='online' is not valid with logger=trackio"),
