@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import json
 
+import pytest
+
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_exp.base.io import read_jsonl
