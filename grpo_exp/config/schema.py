@@ -372,7 +372,11 @@ class EvalConfig:
     # pass@k (unbiased estimator, Chen et al. 2021) from `num_samples` completions per problem sampled
     # at eval.temperature, beside the greedy accuracy; e.g. eval.pass_k=[1,8]. Empty: greedy only.
     pass_k: List[int] = field(default_factory=list)
-    num_samples: Optional[int] = None  # None: the largest k
+    # maj@k: the majority vote of the parsed answers of each problem's first k sampled completions (ties: the
+    # answer given first; unparsable answers never vote), e.g. eval.maj_k=[8]. Sampled as pass@k is, from the
+    # same completions; with either, pass@1 estimated from the samples and bootstrap intervals are reported too.
+    maj_k: List[int] = field(default_factory=list)
+    num_samples: Optional[int] = None  # None: the largest k of pass_k and maj_k
     # during training: greedy accuracy on the first `every_limit` held-out problems every N steps
     # (eval/<set>/accuracy in history.jsonl and wandb); null turns it off
     every_steps: Optional[int] = 20
@@ -402,20 +406,23 @@ class EvalConfig:
         require(0 < ev.top_p <= 1, f"eval.top_p={ev.top_p} must be in (0, 1]")
         require(ev.every_steps is None or ev.every_steps >= 1,
                 f"eval.every_steps={ev.every_steps} must be a positive integer (or null to turn it off)")
-        for k in ev.pass_k:
-            require(k >= 1, f"eval.pass_k has k={k}; every k must be a positive integer")
+        for key in ("pass_k", "maj_k"):
+            for k in ev[key]:
+                require(k >= 1, f"eval.{key} has k={k}; every k must be a positive integer")
         samples = pass_k_samples(ev)
         require(samples is None or samples >= 1, f"eval.num_samples={ev.num_samples} must be a positive integer")
-        for k in ev.pass_k:
-            require(k <= samples, f"eval.pass_k has k={k}, above the {samples} samples per problem "
-                                  f"(eval.num_samples={samples}); raise eval.num_samples or lower k")
+        for key in ("pass_k", "maj_k"):
+            for k in ev[key]:
+                require(k <= samples, f"eval.{key} has k={k}, above the {samples} samples per problem "
+                                      f"(eval.num_samples={samples}); raise eval.num_samples or lower k")
 
 
 def pass_k_samples(ev: Any) -> int | None:
-    """Completions sampled per problem for pass@k: eval.num_samples, or the largest k."""
+    """Completions sampled per problem for pass@k and maj@k: eval.num_samples, or the largest k of either."""
     if ev.num_samples is not None:
         return ev.num_samples
-    return max(ev.pass_k) if ev.pass_k else None
+    ks = [*ev.pass_k, *ev.get("maj_k", [])]
+    return max(ks) if ks else None
 
 
 @dataclass
