@@ -510,6 +510,11 @@ class RunConfig:
     completions_every: int = 5
     # level of the grpo_exp loggers: WARNING quiets a run, DEBUG says more
     log_level: str = "INFO"
+    # after training, upload model/ (and adapter/ with peft=lora) to the hub repo hub_model_id (training/hub.py);
+    # checked before training: the hub reachable, a token present
+    push_to_hub: bool = False
+    hub_model_id: Optional[str] = None  # "org/name" or "name" (under the token's user)
+    hub_private: Optional[bool] = None  # a repo created by the push: private or not; None: the hub's default
 
     NONFINITE_POLICIES = ("stop", "skip")
 
@@ -523,6 +528,17 @@ class RunConfig:
         if cfg.init_from:
             require(Path(cfg.init_from).exists(), f"init_from={cfg.init_from} does not exist; give the run directory "
                                                   f"of an earlier stage (it holds model/)")
+        hub_id = cfg.get("hub_model_id")
+        if cfg.get("push_to_hub"):
+            require(bool(hub_id), "push_to_hub=true needs hub_model_id=<org/name> (the hub repo to upload model/ to)")
+        if hub_id:
+            from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+            try:
+                validate_repo_id(str(hub_id))
+            except HFValidationError as err:
+                raise ConfigError(f"hub_model_id={hub_id!r} is not a hub repo id ({str(err).splitlines()[0]}); "
+                                  f"give org/name or name") from None
 
 
 @dataclass
