@@ -115,6 +115,21 @@ def test_the_file_says_what_trl_cannot_express(tmp_path):
     assert body["vllm_importance_sampling_correction"] is True and body["bf16"] is True
 
 
+def test_a_run_without_a_speed_plan_takes_what_its_settings_record_resolved(tmp_path):
+    """Runs from before speed_plan.json: the precision (and speed keys) their settings record resolved, not what
+    this machine would resolve; given as the run's model/, the run is found too."""
+    run, cfg = recorded_run(tmp_path, ["debug=smoke", "train.precision=auto", "speed=trl"])
+    (run / "speed_plan.json").unlink()
+    settings = json.loads((run / "training_settings.json").read_text())
+    other = "fp32" if settings["resolved.train.precision"] == "bf16" else "bf16"
+    settings["resolved.train.precision"] = other  # as if recorded on another machine
+    (run / "training_settings.json").write_text(json.dumps(settings))
+    (run / "model").mkdir()
+    export = trl_export.build(run / "model")
+    assert export.run_dir == run and export.grpo["bf16"] is (other == "bf16")
+    assert export.plan.generation == "trl" and export.plan_source.startswith("training_settings.json (resolved.*)")
+
+
 def test_a_curriculum_stage_exports_its_own_settings(tmp_path):
     root, _ = recorded_run(tmp_path, ["debug=smoke", "curriculum=progressive", "ewc.lambda=5"], name="curr")
     stage_dir = root / "2_intermediate"
