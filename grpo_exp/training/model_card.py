@@ -91,8 +91,9 @@ def _recipe_rows(cfg, plan: dict | None) -> list[list[str]]:
 
 
 def card_text(cfg, run_dir: str | Path, *, adapter: bool = False, steps: int | None = None,
-              status: str = "completed") -> str:
-    """The model card of a run's model/ (or its adapter/ with `adapter`)."""
+              status: str = "completed", code: str | None = None) -> str:
+    """The model card of a run's model/ (or its adapter/ with `adapter`); `code`: the grpo-exp commit that
+    trained it (default: this process's)."""
     run_dir = Path(run_dir)
     name = cfg.get("hub_model_id") or run_dir.name
     base = base_model(cfg.model)
@@ -146,7 +147,7 @@ def card_text(cfg, run_dir: str | Path, *, adapter: bool = False, steps: int | N
                   f"model = AutoModelForCausalLM.from_pretrained(\"{repo}\")",
                   f"tokenizer = AutoTokenizer.from_pretrained(\"{repo}\")"]
     lines += ["```", "", "## Framework versions", ""]
-    versions = [("grpo-exp", commit.AT_START or "unknown")] + [(p, _version(p)) for p in ("trl", "transformers", "torch")]
+    versions = [("grpo-exp", code or commit.AT_START or "unknown")] + [(p, _version(p)) for p in ("trl", "transformers", "torch")]
     if adapter:
         versions.append(("peft", _version("peft")))
     lines += [f"- {p}: {v}" for p, v in versions]
@@ -173,15 +174,18 @@ def write_cards(run_dir: str | Path, cfg=None, *, steps: int | None = None, stat
     """README.md in `run_dir`/model/ and, where the run trained an adapter, in `run_dir`/adapter/; returns
     the files written. `cfg`: the run's config (default: the one it recorded, .hydra/config.yaml)."""
     run_dir = Path(run_dir)
-    if cfg is None:
+    code = None
+    if cfg is None:  # a finished run: its recorded config, and the commit its metrics.json names
         found = run_config(run_dir)
         if found is None:
             raise ConfigError(f"{run_dir} is not a training run (no .hydra/config.yaml); give a run directory")
         cfg = found[0]
+        code = (_read_json(run_dir / "metrics.json") or {}).get("git_commit")
     written = []
     for folder, adapter in (("model", False), ("adapter", True)):
         target = run_dir / folder
         if target.is_dir():
-            write_text(target / CARD_FILE, card_text(cfg, run_dir, adapter=adapter, steps=steps, status=status))
+            write_text(target / CARD_FILE, card_text(cfg, run_dir, adapter=adapter, steps=steps, status=status,
+                                                             code=code))
             written.append(target / CARD_FILE)
     return written

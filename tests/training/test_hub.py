@@ -78,8 +78,10 @@ def test_card_from_the_recorded_config_alone(tmp_path):
     cfg = compose_cfg(["debug=smoke", "stage=two_step"], run)
     (run / ".hydra").mkdir()
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    (run / "metrics.json").write_text(json.dumps({"git_commit": "abc1234", "status": "completed"}))
     write_cards(run)
-    assert "two_step" in ModelCard.load(run / "model" / "README.md").data.tags
+    card = ModelCard.load(run / "model" / "README.md")
+    assert "two_step" in card.data.tags and "- grpo-exp: abc1234" in card.text  # the commit that trained it
     with pytest.raises(ConfigError, match="not a training run"):
         write_cards(tmp_path / "elsewhere")
 
