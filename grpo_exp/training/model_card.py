@@ -29,7 +29,7 @@ RECIPE_KEYS = ("max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps"
                "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                "steps_per_generation", "generation_batch_size", "num_iterations", "max_completion_length",
                "beta", "epsilon", "loss_type", "scale_rewards", "temperature", "top_p", "top_k",
-               "mask_truncated_completions", "precision", "seed")
+               "mask_truncated_completions", "dynamic_sampling", "precision", "seed")
 SPEED_PLAN_FILE = "speed_plan.json"  # written by training/stage (its SPEED_PLAN_FILE)
 
 

@@ -252,6 +252,11 @@ def cannot_express(export: Export) -> list[str]:
         lines.append(f"EWC: the run added an elastic-weight-consolidation penalty (ewc.lambda={cfg.ewc['lambda']:g}, "
                      f"gamma={cfg.ewc['gamma']:g}) anchored to the previous stage's weights and Fisher; TRL has no such "
                      f"loss term")
+    train = train_node(cfg)
+    if train.dynamic_sampling:
+        lines.append(f"dynamic sampling: the run refilled groups whose completions were all right or all wrong from "
+                     f"extra generation rounds (DAPO's filter_groups, train.dynamic_sampling, at most "
+                     f"{train.dynamic_sampling_max_draws} extra rounds a step); TRL's GRPOTrainer has no such option")
     if export.curriculum is not None:
         lines.append(f"curriculum: this is the {cfg.stage.name} stage of the curriculum {export.curriculum}; TRL "
                      f"trains one stage: export each stage and run them in order, each from the previous one's output")

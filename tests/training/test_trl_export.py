@@ -102,10 +102,11 @@ def test_trl_reads_back_the_grpo_config_the_run_trained_with(tmp_path, case):
 
 def test_the_file_says_what_trl_cannot_express(tmp_path):
     run, cfg = recorded_run(tmp_path, ["debug=smoke", "ewc.lambda=100", "speed.rollout_dtype=bf16",
-                                       "train.precision=bf16"])
+                                       "train.precision=bf16", "train.dynamic_sampling=true"])
     text = trl_export.to_yaml(trl_export.build(run))
     comments = comment_text(text)
     assert "EWC: the run added an elastic-weight-consolidation penalty (ewc.lambda=100" in comments
+    assert "dynamic sampling: the run refilled groups" in comments and "at most 3 extra rounds" in comments
     assert "rollout engine: grpo-exp sampled completions with its own engine (a bf16 copy" in comments
     assert "speed plan: grpo-exp computed with grouped attention" in comments
     assert "dataset: problems grpo-exp generates (the basic level" in comments and "grpo-data stage=basic" in comments
