@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "grpo_exp"
 LAYERS = ["base", "kernels", "core", "config", "evaluation", "training", "analysis", "apps"]
 # `python -m grpo_exp.train` / `grpo_exp.evaluate` / `grpo_exp.app`: the commands users know, kept as one-line shims over apps/
-SHIMS = {"grpo_exp.train", "grpo_exp.evaluate", "grpo_exp.app", "grpo_exp.data"}
+SHIMS = {"grpo_exp.train", "grpo_exp.evaluate", "grpo_exp.app", "grpo_exp.data", "grpo_exp.export_trl"}
 
 
 def module_name(path: Path) -> str:

@@ -61,6 +61,9 @@ def check(cfg) -> None:
     # second, not after the ~8 s that importing the training stack takes
     validate(cfg)
     check_available(cfg.model, cfg.paths.cache_dir)
+    from grpo_exp.training import hub
+
+    hub.check(cfg)  # push_to_hub=true: the hub reachable and a token there, before anything trains
     from grpo_exp.evaluation.run import check_held_out
     from grpo_exp.training.stage import check_init_from
 

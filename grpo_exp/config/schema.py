@@ -372,7 +372,11 @@ class EvalConfig:
     # pass@k (unbiased estimator, Chen et al. 2021) from `num_samples` completions per problem sampled
     # at eval.temperature, beside the greedy accuracy; e.g. eval.pass_k=[1,8]. Empty: greedy only.
     pass_k: List[int] = field(default_factory=list)
-    num_samples: Optional[int] = None  # None: the largest k
+    # maj@k: the majority vote of the parsed answers of each problem's first k sampled completions (ties: the
+    # answer given first; unparsable answers never vote), e.g. eval.maj_k=[8]. Sampled as pass@k is, from the
+    # same completions; with either, pass@1 estimated from the samples and bootstrap intervals are reported too.
+    maj_k: List[int] = field(default_factory=list)
+    num_samples: Optional[int] = None  # None: the largest k of pass_k and maj_k
     # during training: greedy accuracy on the first `every_limit` held-out problems every N steps
     # (eval/<set>/accuracy in history.jsonl and wandb); null turns it off
     every_steps: Optional[int] = 20
@@ -402,20 +406,23 @@ class EvalConfig:
         require(0 < ev.top_p <= 1, f"eval.top_p={ev.top_p} must be in (0, 1]")
         require(ev.every_steps is None or ev.every_steps >= 1,
                 f"eval.every_steps={ev.every_steps} must be a positive integer (or null to turn it off)")
-        for k in ev.pass_k:
-            require(k >= 1, f"eval.pass_k has k={k}; every k must be a positive integer")
+        for key in ("pass_k", "maj_k"):
+            for k in ev[key]:
+                require(k >= 1, f"eval.{key} has k={k}; every k must be a positive integer")
         samples = pass_k_samples(ev)
         require(samples is None or samples >= 1, f"eval.num_samples={ev.num_samples} must be a positive integer")
-        for k in ev.pass_k:
-            require(k <= samples, f"eval.pass_k has k={k}, above the {samples} samples per problem "
-                                  f"(eval.num_samples={samples}); raise eval.num_samples or lower k")
+        for key in ("pass_k", "maj_k"):
+            for k in ev[key]:
+                require(k <= samples, f"eval.{key} has k={k}, above the {samples} samples per problem "
+                                      f"(eval.num_samples={samples}); raise eval.num_samples or lower k")
 
 
 def pass_k_samples(ev: Any) -> int | None:
-    """Completions sampled per problem for pass@k: eval.num_samples, or the largest k."""
+    """Completions sampled per problem for pass@k and maj@k: eval.num_samples, or the largest k of either."""
     if ev.num_samples is not None:
         return ev.num_samples
-    return max(ev.pass_k) if ev.pass_k else None
+    ks = [*ev.pass_k, *ev.get("maj_k", [])]
+    return max(ks) if ks else None
 
 
 @dataclass
@@ -503,6 +510,11 @@ class RunConfig:
     completions_every: int = 5
     # level of the grpo_exp loggers: WARNING quiets a run, DEBUG says more
     log_level: str = "INFO"
+    # after training, upload model/ (and adapter/ with peft=lora) to the hub repo hub_model_id (training/hub.py);
+    # checked before training: the hub reachable, a token present
+    push_to_hub: bool = False
+    hub_model_id: Optional[str] = None  # "org/name" or "name" (under the token's user)
+    hub_private: Optional[bool] = None  # a repo created by the push: private or not; None: the hub's default
 
     NONFINITE_POLICIES = ("stop", "skip")
 
@@ -516,6 +528,17 @@ class RunConfig:
         if cfg.init_from:
             require(Path(cfg.init_from).exists(), f"init_from={cfg.init_from} does not exist; give the run directory "
                                                   f"of an earlier stage (it holds model/)")
+        hub_id = cfg.get("hub_model_id")
+        if cfg.get("push_to_hub"):
+            require(bool(hub_id), "push_to_hub=true needs hub_model_id=<org/name> (the hub repo to upload model/ to)")
+        if hub_id:
+            from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+            try:
+                validate_repo_id(str(hub_id))
+            except HFValidationError as err:
+                raise ConfigError(f"hub_model_id={hub_id!r} is not a hub repo id ({str(err).splitlines()[0]}); "
+                                  f"give org/name or name") from None
 
 
 @dataclass

@@ -14,7 +14,8 @@ from tqdm.auto import tqdm
 from grpo_exp.core import rewards
 from grpo_exp.core.data import to_messages
 from grpo_exp.base.monitor import peak_rss_mb
-from grpo_exp.evaluation.stats import pass_at_k, wilson_interval
+from grpo_exp.evaluation.stats import (BOOTSTRAP_RESAMPLES, bootstrap_interval, majority_vote, pass_at_k,
+                                      wilson_interval)
 
 
 def model_size_mb(model: torch.nn.Module) -> float:
@@ -125,25 +126,66 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def sampled_correct_counts(model, tokenizer, examples: list[dict], prompts: list[list[dict]], *, num_samples: int,
-                           max_new_tokens: int, batch_size: int, temperature: float, seed: int,
-                           desc: str, top_k: int = 0, top_p: float = 1.0) -> list[int]:
-    """How many of `num_samples` sampled completions per problem are correct."""
+def sample_answers(model, tokenizer, examples: list[dict], prompts: list[list[dict]], *, num_samples: int,
+                   max_new_tokens: int, batch_size: int, temperature: float, seed: int,
+                   desc: str, top_k: int = 0, top_p: float = 1.0) -> list[tuple[list[float | None], list[bool]]]:
+    """For each problem, `num_samples` sampled completions' (parsed answers, correct or not), in sampling order."""
     repeated = [p for p in prompts for _ in range(num_samples)]
     texts, _, _, _ = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens,
                                           batch_size=batch_size, do_sample=True, temperature=temperature,
                                           top_k=top_k, top_p=top_p, seed=seed, desc=desc)
     answers = [str(ex["answer"]) for ex in examples for _ in range(num_samples)]
     correct = rewards.correctness(texts, answers)
-    return [int(sum(correct[i * num_samples:(i + 1) * num_samples])) for i in range(len(examples))]
+    predicted = [rewards.extract_answer(t) for t in texts]
+    return [(predicted[i * num_samples:(i + 1) * num_samples],
+             [bool(c) for c in correct[i * num_samples:(i + 1) * num_samples]]) for i in range(len(examples))]
+
+
+def sampled_metrics(examples: list[dict], drawn: list[tuple[list[float | None], list[bool]]], *,
+                    pass_k: list[int], maj_k: list[int], seed: int) -> tuple[dict, list[dict]]:
+    """The figures of n sampled completions per problem: pass@1 estimated from them (the mean correctness of
+    the samples), unbiased pass@k for each k of `pass_k`, maj@k (the majority vote of the parsed answers of
+    each problem's first k samples, stats.majority_vote) for each k of `maj_k`, each with a bootstrap 95%
+    interval over problems seeded with `seed`; and what each problem's row in eval_samples.jsonl adds."""
+    n = len(drawn[0][1]) if drawn else 0
+    per_problem: dict[str, list[float]] = {"sampled_pass_at_1": [sum(c) / n for _, c in drawn]}
+    for k in sorted(set(pass_k)):
+        per_problem[f"pass@{k}"] = [pass_at_k(n, sum(c), k) for _, c in drawn]
+    rows = [{"sampled_correct": sum(c), "sampled_predicted": list(p), "maj_at_k": {}} for p, c in drawn]
+    for k in sorted(set(maj_k)):
+        hits = []
+        for ex, (predicted, _), row in zip(examples, drawn, rows):
+            answer, votes = majority_vote(predicted[:k])
+            right = rewards.answers_match(answer, str(ex["answer"]))
+            row["maj_at_k"][str(k)] = {"answer": answer, "votes": votes, "correct": right}
+            hits.append(float(right))
+        per_problem[f"maj@{k}"] = hits
+    if not maj_k:
+        for row in rows:
+            del row["maj_at_k"]
+
+    def figure(values: list[float]) -> tuple[float, list[float]]:
+        return (sum(values) / len(values) if values else 0.0), list(bootstrap_interval(values, seed))
+
+    metrics: dict = {}
+    metrics["sampled_pass_at_1"], metrics["sampled_pass_at_1_ci95"] = figure(per_problem["sampled_pass_at_1"])
+    for name, key in (("pass", "pass_at_k"), ("maj", "maj_at_k")):
+        ks = [int(k.split("@")[1]) for k in per_problem if k.startswith(f"{name}@")]
+        if ks:
+            pairs = {str(k): figure(per_problem[f"{name}@{k}"]) for k in ks}
+            metrics[key] = {k: v for k, (v, _) in pairs.items()}
+            metrics[f"{key}_ci95"] = {k: ci for k, (_, ci) in pairs.items()}
+    metrics["bootstrap"] = {"resamples": BOOTSTRAP_RESAMPLES, "seed": seed, "over": "problems"}
+    return metrics, rows
 
 
 def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_new_tokens: int, batch_size: int = 8,
              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             desc: str = "eval", pass_k: list[int] | tuple = (),
+             desc: str = "eval", pass_k: list[int] | tuple = (), maj_k: list[int] | tuple = (),
              num_samples: int | None = None) -> tuple[dict, list[dict]]:
-    """Generate for every problem and score against its ground truth; with `pass_k`, also sample
-    `num_samples` completions per problem at `temperature` and report pass@k for each k."""
+    """Generate for every problem and score against its ground truth; with `pass_k` or `maj_k`, also sample
+    `num_samples` completions per problem (default: the largest k) at `temperature` and report pass@1
+    estimated from them, pass@k and maj@k for each k, with bootstrap intervals (sampled_metrics)."""
     prompts = [to_messages(ex["question"], system_prompt) for ex in examples]
     texts, lengths, seconds, positions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                                    batch_size=batch_size, do_sample=do_sample,
@@ -162,17 +204,16 @@ def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_
         # problems asking for different computations (generated levels' canonical key; GSM8K: the question)
         "distinct": len({ex.get("key") or ex["question"] for ex in examples}),
     })
-    if pass_k:
-        n = num_samples or max(pass_k)
-        counts = sampled_correct_counts(model, tokenizer, examples, prompts, num_samples=n,
-                                        max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                        temperature=temperature, seed=seed, desc=f"{desc} pass@k",
-                                        top_k=top_k, top_p=top_p)
-        metrics["pass_at_k"] = {str(k): sum(pass_at_k(n, c, k) for c in counts) / len(counts) if counts else 0.0
-                                for k in sorted(set(pass_k))}
+    if pass_k or maj_k:
+        n = num_samples or max([*pass_k, *maj_k])
+        drawn = sample_answers(model, tokenizer, examples, prompts, num_samples=n, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size, temperature=temperature, seed=seed,
+                               desc=f"{desc} {'pass@k' if pass_k else 'maj@k'}", top_k=top_k, top_p=top_p)
+        figures, rows = sampled_metrics(examples, drawn, pass_k=list(pass_k), maj_k=list(maj_k), seed=seed)
+        metrics.update(figures)
         metrics["pass_samples"] = n
         metrics["pass_temperature"] = temperature
         metrics["pass_top_k"], metrics["pass_top_p"] = top_k, top_p
-        for row, c in zip(samples, counts):
-            row["sampled_correct"] = c
+        for row, extra in zip(samples, rows):
+            row.update(extra)
     return metrics, samples

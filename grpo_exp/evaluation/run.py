@@ -228,7 +228,7 @@ def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -
                                  max_new_tokens=s.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample,
                                  temperature=ev.temperature, top_k=ev.top_k, top_p=ev.top_p, seed=ev.seed,
                                  desc=" ".join(filter(None, ("eval", label, s.name))),
-                                 pass_k=list(ev.pass_k), num_samples=pass_k_samples(ev))
+                                 pass_k=list(ev.pass_k), maj_k=list(ev.maj_k), num_samples=pass_k_samples(ev))
         metrics.update({"dataset": s.dataset, "source": s.source, "held_out": s.held_out,
                         "max_new_tokens": s.max_new_tokens})
         results[s.name] = metrics
@@ -251,13 +251,15 @@ def model_info(model, model_dir: Path | None, method: str) -> dict:
 
 
 def _samples(ev) -> bool:
-    """Whether an evaluation draws samples (do_sample or pass@k), so that its sampler settings matter."""
-    return bool(ev.do_sample or ev.pass_k)
+    """Whether an evaluation draws samples (do_sample, pass@k or maj@k), so that its sampler settings matter."""
+    return bool(ev.do_sample or ev.pass_k or ev.maj_k)
 
 
 def settings_summary(cfg, sets: list[EvalSet]) -> dict:
     """The evaluation settings eval.json records beside the figures."""
     import torch
+
+    from grpo_exp.config.schema import pass_k_samples
 
     sampled = _samples(cfg.eval)
     return {
@@ -271,6 +273,8 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
         "top_k": cfg.eval.top_k if sampled else None,
         "top_p": cfg.eval.top_p if sampled else None,
         "pass_k": list(cfg.eval.pass_k),
+        "maj_k": list(cfg.eval.maj_k),
+        "num_samples": pass_k_samples(cfg.eval),
         "seed": cfg.eval.seed,
         "data_seed": cfg.train.seed,
         "data_seed_from": cfg.get("data_seed_from") or "train.seed",
@@ -283,18 +287,30 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
 
 
 def format_table(results: dict[str, dict], label_key: str = "set") -> str:
-    """A markdown table of per-set (or per-variant) metrics, with pass@k columns where measured."""
-    ks = sorted({k for m in results.values() for k in m.get("pass_at_k", {})}, key=int)
-    header = [label_key, "n", "accuracy", "95% CI", *(f"pass@{k}" for k in ks), "format", "mean tokens",
+    """A markdown table of per-set (or per-variant) metrics; where completions were sampled, pass@1 estimated
+    from them, pass@k and maj@k columns, each with its bootstrap 95% interval."""
+    sampled = any("sampled_pass_at_1" in m for m in results.values())
+    figures = [(key, k) for key in ("pass_at_k", "maj_at_k")
+               for k in sorted({k for m in results.values() for k in m.get(key, {})}, key=int)]
+    header = [label_key, "n", "accuracy", "95% CI", *(["pass@1 (sampled) [95% CI]"] if sampled else []),
+              *(f"{key.split('_')[0]}@{k} [95% CI]" for key, k in figures), "format", "mean tokens",
               "tokens/s", "decode tokens/s", "size MB"]
     rows = []
     for name, m in results.items():
         rate = [f"{m[k]:.1f}" if m.get(k) else "n/a" for k in ("tokens_per_s", "decode_tokens_per_s")]
-        passes = [f"{m['pass_at_k'][k]:.3f}" if k in m.get("pass_at_k", {}) else "" for k in ks]
+        extra = [_with_interval(m.get("sampled_pass_at_1"), m.get("sampled_pass_at_1_ci95"))] if sampled else []
+        extra += [_with_interval(m.get(key, {}).get(k), m.get(f"{key}_ci95", {}).get(k)) for key, k in figures]
         rows.append([name, m["n"], f"{m['accuracy']:.3f}", f"[{m['accuracy_ci95_low']:.3f}, {m['accuracy_ci95_high']:.3f}]",
-                     *passes, f"{m['format_compliance']:.3f}", f"{m['mean_completion_tokens']:.1f}", *rate,
+                     *extra, f"{m['format_compliance']:.3f}", f"{m['mean_completion_tokens']:.1f}", *rate,
                      f"{m['model_size_mb']:.1f}"])
     return markdown_table(header, rows, align="lrrl" + "r" * (len(header) - 4))
+
+
+def _with_interval(value: float | None, interval: list[float] | None) -> str:
+    """"0.500 [0.300, 0.700]" (the interval where known); "" where the figure was not measured."""
+    if value is None:
+        return ""
+    return f"{value:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
 
 
 def write_outputs(run_dir: str | Path, summary: dict, results: dict, samples: list[dict]) -> dict:
@@ -412,6 +428,8 @@ def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = No
     }
     if _samples(cfg.eval):  # greedy figures do not depend on the filters (old keys stay valid)
         key["sampling_filters"] = [cfg.eval.top_k, cfg.eval.top_p]
+    if cfg.eval.maj_k:  # likewise: keys without maj@k stay as they were
+        key["maj_k"] = list(cfg.eval.maj_k)
     if start_model_dir is not None:
         model_dir = Path(start_model_dir).resolve()
         key["start_model"] = [str(model_dir), sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)

@@ -1,5 +1,6 @@
-"""The statistics behind every accuracy figure: Wilson intervals, unbiased pass@k, and the paired
-exact McNemar test for two models scored on the same problems."""
+"""The statistics behind every accuracy figure: Wilson intervals, unbiased pass@k, majority votes and seeded
+bootstrap intervals for sampled figures, and the paired exact McNemar test for two models scored on the same
+problems."""
 
 from __future__ import annotations
 
@@ -25,6 +26,49 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def majority_vote(answers: list[float | None]) -> tuple[float | None, int]:
+    """(the answer most samples gave, its votes) among parsed numeric answers; (None, 0) when none parsed.
+
+    Unparsable answers (None) never vote, so they never win. Answers equal within answers_match's tolerance
+    are one answer (the first one given stands for it). A tie goes to the tied answer given first: the
+    earliest sample among the tied answers wins."""
+    groups: list[list] = []  # [answer as first given, votes], in order of first appearance
+    for answer in answers:
+        if answer is None:
+            continue
+        for group in groups:
+            if math.isclose(float(answer), float(group[0]), rel_tol=1e-6, abs_tol=1e-6):
+                group[1] += 1
+                break
+        else:
+            groups.append([answer, 1])
+    if not groups:
+        return None, 0
+    best = max(groups, key=lambda g: g[1])  # max keeps the first of equals: the earliest answer
+    return best[0], best[1]
+
+
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def bootstrap_interval(values: list[float], seed: int, resamples: int = BOOTSTRAP_RESAMPLES,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-problem `values` (problems resampled with
+    replacement, `resamples` times, from a generator seeded with `seed`): the same values and seed give the
+    same interval. For figures that have no closed-form interval (pass@k, maj@k, pass@1 from samples)."""
+    import numpy as np
+
+    n = len(values)
+    if n == 0:
+        return 0.0, 0.0
+    data = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
 
 
 def mcnemar_exact_p(b: int, c: int) -> float:

@@ -23,15 +23,18 @@ from grpo_exp.training.stage import finished_metrics, train
 logger = log.get_logger(__name__)
 
 # Overrides that the curriculum sets per stage itself.
-_PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resume", "eval.forgetting_sets")
+_PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resume", "eval.forgetting_sets",
+                   "push_to_hub")
 
 
 def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None,
-                    resume: bool = False, earlier: list[str] | None = None) -> list[str]:
-    """`earlier`: the stages before this one, whose forgetting it tracks (eval.forgetting_sets)."""
+                    resume: bool = False, earlier: list[str] | None = None, push: bool = False) -> list[str]:
+    """`earlier`: the stages before this one, whose forgetting it tracks (eval.forgetting_sets). `push`: this
+    stage uploads its model/ (push_to_hub: the last stage only, so the hub repo gets the curriculum's result)."""
     kept = [o for o in user_overrides
             if not o.lstrip("+~").split("=", 1)[0].startswith(_PER_STAGE_KEYS) and not o.startswith("hydra")]
-    extra = [f"stage={stage}", "curriculum=none", f"paths.output_dir={out_dir}", f"resume={str(resume).lower()}"]
+    extra = [f"stage={stage}", "curriculum=none", f"paths.output_dir={out_dir}", f"resume={str(resume).lower()}",
+             f"push_to_hub={str(push).lower()}"]
     if init_from:
         extra.append(f"init_from={init_from}")
     if earlier and init_from:
@@ -122,7 +125,9 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
             continue
         # forgetting of every earlier stage, measured during this one (needs the periodic evaluation)
         tracked = stages[:i] if cfg.curriculum.track_forgetting and cfg.eval.every_steps else None
-        stage_cfg = compose_stage(stage_overrides(user_overrides, stage, out_dir, previous, bool(cfg.resume), tracked))
+        push = bool(cfg.get("push_to_hub")) and i == len(stages) - 1
+        stage_cfg = compose_stage(stage_overrides(user_overrides, stage, out_dir, previous, bool(cfg.resume), tracked,
+                                                  push))
         logger.info("curriculum stage %d/%d: %s -> %s", i + 1, len(stages), stage, out_dir)
         metrics = train(stage_cfg, step_offset=step_offset)
         step_offset += metrics["steps"]

@@ -21,7 +21,8 @@ LOCK_FILE = ".lock"
 SETTINGS_FILE = "training_settings.json"
 # May differ on resume: how the run is executed, logged, evaluated or checkpointed, not what it trains.
 FREE_ON_RESUME = ("cpu.", "logger.", "paths.", "eval.", "curriculum.eval_", "resume", "log_level", "task_name",
-                  "completions_every", "train.save_steps", "train.save_total_limit", "train.logging_steps")
+                  "completions_every", "train.save_steps", "train.save_total_limit", "train.logging_steps",
+                  "push_to_hub", "hub_model_id", "hub_private")
 
 
 class RunLock:

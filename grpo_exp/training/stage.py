@@ -33,6 +33,7 @@ from grpo_exp.config.schema import generation_batch
 from grpo_exp.core import data, models, rewards
 from grpo_exp.training import checkpoints, ewc, lora
 from grpo_exp.training.guards import GracefulStop, NonFiniteError
+from grpo_exp.training.model_card import write_cards
 from grpo_exp.training.run_dir import RunLock, record_or_compare
 from grpo_exp.training.trainer import build_trainer, completions_per_step
 
@@ -353,6 +354,7 @@ class StageRun:
                 lora.merge_and_save(policy, parts.tokenizer, run_dir / "model")
             metrics["wall_time_s"] = time.time() - self.started
             if main:
+                write_cards(run_dir, cfg, steps=trainer.state.global_step, status="interrupted")
                 write_json(run_dir / "metrics.json", metrics)
             logger.warning("stopped by signal after step %s; checkpoint and model saved in %s; continue with "
                            "resume=true hydra.run.dir=%s", trainer.state.global_step, run_dir, run_dir)
@@ -373,6 +375,12 @@ class StageRun:
             # the merged model: what model/ holds, and generation without the adapter's extra matmuls
             metrics["eval"] = evaluate_after_train(cfg, policy, parts.tokenizer, run_dir,
                                                    init[0] if init else None)
+        # model/README.md (and adapter/'s): the hub's metadata, the before/after table, the settings
+        write_cards(run_dir, cfg, steps=trainer.state.global_step)
+        if cfg.get("push_to_hub"):
+            from grpo_exp.training import hub
+
+            metrics["hub"] = hub.push(cfg, run_dir)
         metrics["wall_time_s"] = time.time() - self.started
         # Written last: its "completed" status is what marks the stage as done for resume.
         write_json(run_dir / "metrics.json", metrics)

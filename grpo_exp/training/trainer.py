@@ -43,6 +43,12 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
                 plan: SpeedPlan) -> GRPOConfig:
     """Map `cfg.train` onto GRPOConfig (names are shared, so this is mostly a copy), with the speed plan's
     precision and, on the engine's path, its importance-sampling settings."""
+    return GRPOConfig(**grpo_config_kwargs(train_cfg, output_dir, reward_weights, report_to, plan))
+
+
+def grpo_config_kwargs(train_cfg, output_dir: str | Path, reward_weights: list[float], report_to: list[str],
+                       plan: SpeedPlan) -> dict:
+    """The keyword arguments grpo_config gives GRPOConfig (grpo-export-trl writes them as TRL's YAML)."""
     values = OmegaConf.to_container(train_cfg, resolve=True) if isinstance(train_cfg, DictConfig) else dict(train_cfg)
     extra = values.pop("extra", None) or {}
     values.pop("precision")
@@ -60,7 +66,7 @@ def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], 
     kwargs.update(extra)
     # transformers only allows bf16 autocast on the CPU when told the run is CPU-only.
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
-    return GRPOConfig(
+    return dict(
         output_dir=str(output_dir),
         # GRPOConfig defaults to bf16=True; say fp32 explicitly when asked for it.
         bf16=precision == "bf16",

@@ -137,6 +137,9 @@ def test_other_sets_take_their_stage_settings_and_eval_overrides(tmp_path):
     (["eval.split=train"], "eval.split='train' is not valid; choose one of: validation, test"),
     (["eval.every_steps=0"], "eval.every_steps=0 must be a positive integer"),
     (["eval.pass_k=[1,16]", "eval.num_samples=8"], "eval.pass_k has k=16, above the 8 samples per problem"),
+    (["eval.maj_k=[0]"], "eval.maj_k has k=0; every k must be a positive integer"),
+    (["eval.maj_k=[4,-1]"], "eval.maj_k has k=-1; every k must be a positive integer"),
+    (["eval.maj_k=[16]", "eval.num_samples=8"], "eval.maj_k has k=16, above the 8 samples per problem"),
     (["eval.top_k=-1"], "eval.top_k=-1 must be >= 0"),
     (["eval.top_p=0"], "eval.top_p=0.0 must be in (0, 1]"),
 ])
@@ -257,6 +260,105 @@ def test_evaluate_reports_pass_at_k(tiny_model):
     assert metrics["pass_at_k"] == {"1": 0.5, "4": 0.5}
     assert (metrics["pass_samples"], metrics["pass_temperature"]) == (4, 0.7)
     assert [s["sampled_correct"] for s in samples] == [4, 0]
+
+
+class CyclingLM(ScriptedLM):
+    """Answers each prompt with its replies in turn: the i-th sampled completion of a problem gets reply i (mod
+    their number); greedy decoding gets the first reply."""
+
+    def __init__(self, tokenizer, replies: dict[str, list[str]]):
+        super().__init__(tokenizer, {})
+        self.cycles, self.seen = replies, {}
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=16, pad_token_id=None, **kwargs):
+        tok, rows = self.tokenizer, []
+        for ids in input_ids:
+            prompt = tok.decode(ids, skip_special_tokens=True)
+            question = next(q for q in self.cycles if q in prompt)
+            i = 0
+            if kwargs.get("do_sample"):
+                i = self.seen[question] = self.seen.get(question, -1) + 1
+            replies = self.cycles[question]
+            rows.append((tok(replies[i % len(replies)], add_special_tokens=False)["input_ids"]
+                         + [tok.eos_token_id])[:max_new_tokens])
+        width = max(map(len, rows))
+        new = torch.tensor([r + [pad_token_id] * (width - len(r)) for r in rows])
+        return torch.cat([input_ids, new], dim=1)
+
+
+def test_majority_vote_breaks_ties_by_the_earliest_sample_and_ignores_unparsable_answers():
+    from grpo_exp.evaluation.stats import majority_vote
+
+    assert majority_vote([3.0, 5.0, 5.0, 3.0]) == (3.0, 2)  # tie 2-2: 3 was given first
+    assert majority_vote([5.0, 3.0, 3.0, 5.0]) == (5.0, 2)
+    assert majority_vote([None, None, None, 7.0]) == (7.0, 1)  # three unparsable answers do not outvote one
+    assert majority_vote([None, None]) == (None, 0)
+    assert majority_vote([2.0, 2.0000000001, 4.0]) == (2.0, 2)  # equal within answers_match's tolerance
+    assert majority_vote([]) == (None, 0)
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_mean():
+    from grpo_exp.evaluation.stats import bootstrap_interval
+
+    values = [1.0] * 30 + [0.0] * 70
+    low, high = bootstrap_interval(values, seed=3)
+    assert (low, high) == bootstrap_interval(values, seed=3)  # same seed, same interval
+    assert bootstrap_interval(values, seed=4) != (low, high)
+    assert low < 0.3 < high and 0.15 < low and high < 0.45  # about 0.3 +- 1.96 * 0.046
+    assert bootstrap_interval([1.0] * 5, seed=0) == (1.0, 1.0) and bootstrap_interval([], seed=0) == (0.0, 0.0)
+
+
+def test_evaluate_reports_maj_at_k_and_sampled_pass_at_1(tiny):
+    _, tokenizer = tiny
+    examples = [{"question": "What is 7 + 5?", "answer": "12"}, {"question": "What is 9 - 4?", "answer": "5"},
+                {"question": "What is 2 * 3?", "answer": "6"}]
+    stub = CyclingLM(tokenizer, {
+        # right once in four: maj@2 is a 12-11 tie (12 came first: right), maj@4 goes to 11 (two votes: wrong)
+        "7 + 5": ["The answer is 12.", "The answer is 11.", "The answer is 11.", "I do not know."],
+        # unparsable three times out of four: the one parsed answer wins every vote
+        "9 - 4": ["No idea.", "Hmm.", "The answer is 5.", "Not sure."],
+        # never right
+        "2 * 3": ["The answer is 5."],
+    })
+    metrics, samples = evaluate(stub, tokenizer, examples, system_prompt="", max_new_tokens=16, batch_size=4,
+                                pass_k=[1, 4], maj_k=[1, 2, 4], num_samples=4, temperature=0.7, seed=5)
+    assert metrics["sampled_pass_at_1"] == pytest.approx((1 / 4 + 1 / 4 + 0) / 3)
+    assert metrics["pass_at_k"]["1"] == pytest.approx(metrics["sampled_pass_at_1"])
+    assert metrics["pass_at_k"]["4"] == pytest.approx(2 / 3)
+    # maj@1: the first sample alone (12 right, unparsable, 5 wrong); maj@2: 12 vs 11 tied, 12 came first;
+    # maj@4: 11 outvotes 12; the lone 5 wins the second problem's votes
+    assert metrics["maj_at_k"] == {"1": pytest.approx(1 / 3), "2": pytest.approx(1 / 3), "4": pytest.approx(1 / 3)}
+    first, second, third = samples
+    assert first["maj_at_k"]["2"] == {"answer": 12.0, "votes": 1, "correct": True}
+    assert first["maj_at_k"]["4"] == {"answer": 11.0, "votes": 2, "correct": False}
+    assert second["maj_at_k"]["1"] == {"answer": None, "votes": 0, "correct": False}
+    assert second["maj_at_k"]["4"] == {"answer": 5.0, "votes": 1, "correct": True}
+    assert third["maj_at_k"]["4"]["correct"] is False and third["sampled_correct"] == 0
+    assert first["sampled_predicted"] == [12.0, 11.0, 11.0, None]
+    for key in ("maj_at_k_ci95", "pass_at_k_ci95"):
+        for k, (low, high) in metrics[key].items():
+            assert 0.0 <= low <= metrics[key[:-5]][k] <= high <= 1.0
+    assert metrics["bootstrap"] == {"resamples": 1000, "seed": 5, "over": "problems"}
+    from grpo_exp.evaluation.run import format_table
+
+    table = format_table({"basic": {**metrics, "model_size_mb": 0.0}})
+    assert "maj@4 [95% CI]" in table and "pass@1 (sampled) [95% CI]" in table
+    low, high = metrics["maj_at_k_ci95"]["4"]
+    assert f"0.333 [{low:.3f}, {high:.3f}]" in table
+
+
+def test_maj_k_alone_samples_its_largest_k_and_lands_in_eval_json(tmp_path, tiny):
+    model, tokenizer = tiny
+    cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", "eval.maj_k=[3]"], tmp_path)
+    report = evaluate_after_train(cfg, model, tokenizer, tmp_path)
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    figures = saved["sets"]["basic"]
+    assert figures["pass_samples"] == 3 and "pass_at_k" not in figures
+    assert set(figures["maj_at_k"]) == {"3"} and len(figures["maj_at_k_ci95"]["3"]) == 2
+    assert saved["config"]["maj_k"] == [3] and saved["config"]["num_samples"] == 3
+    assert "maj@3" in saved["table"] and report["basic"]["maj_at_k"] == figures["maj_at_k"]
+    rows = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
+    assert all(len(r["sampled_predicted"]) == 3 and set(r["maj_at_k"]) == {"3"} for r in rows)
 
 
 def _sampled_token_ranks(model, tokenizer, monkeypatch, **filters) -> list[int]:

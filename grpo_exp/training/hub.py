@@ -1,0 +1,93 @@
+"""`push_to_hub=true hub_model_id=<id>`: upload a finished run's model/ (and adapter/, into the repo's
+adapter/ folder) to the Hugging Face hub with huggingface_hub, after training.
+
+`check(cfg)` is the entrypoint's pre-check, before anything trains: the hub must be reachable (HF_HUB_OFFLINE
+unset, a quick request answered) and a token must be there, or the run fails in one line. `push` runs on
+rank 0 after the model card is written; a failure there (the network gone mid-run) is logged with the
+command that retries it and recorded in metrics.json, and the trained run is kept either way."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from grpo_exp.base import log
+from grpo_exp.base.errors import ConfigError
+
+logger = log.get_logger(__name__)
+
+CHECK_TIMEOUT_S = 5
+_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's reading of its boolean environment variables
+
+
+def offline() -> bool:
+    """HF_HUB_OFFLINE set now (huggingface_hub reads it once, at import; a run may set it later)."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_unreachable(token: str) -> str | None:
+    """Why the hub cannot take an upload with `token` (no answer within CHECK_TIMEOUT_S, the token refused),
+    or None: one authenticated request to the hub's whoami endpoint."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    url = f"{constants.ENDPOINT}/api/whoami-v2"
+    try:
+        response = get_session().get(url, headers={"authorization": f"Bearer {token}"}, timeout=CHECK_TIMEOUT_S)
+    except Exception as err:  # DNS, connection refused, timeout, proxy: all mean no upload
+        first = str(err).splitlines()[0][:160] if str(err) else "no answer"
+        return f"{constants.ENDPOINT} did not answer: {type(err).__name__}: {first}"
+    if response.status_code == 401:
+        return "the hub refused the token (401); log in again with `hf auth login` or set HF_TOKEN"
+    if response.status_code >= 400:
+        return f"{url} answered HTTP {response.status_code}"
+    return None
+
+
+def check(cfg) -> None:
+    """The pre-check of push_to_hub=true: one line and no training where the upload could not happen."""
+    if not cfg.get("push_to_hub"):
+        return
+    from huggingface_hub import get_token
+
+    where = f"push_to_hub=true (hub_model_id={cfg.hub_model_id})"
+    if offline():
+        raise ConfigError(f"{where} needs the hub, but HF_HUB_OFFLINE is set; unset it, or train without "
+                          f"push_to_hub and upload model/ later with `hf upload {cfg.hub_model_id} <run>/model .`")
+    token = get_token()
+    if not token:
+        raise ConfigError(f"{where} needs a Hugging Face token with write access; run `hf auth login` or set HF_TOKEN")
+    reason = hub_unreachable(token)
+    if reason:
+        raise ConfigError(f"{where} cannot reach the hub: {reason}; train without push_to_hub and upload "
+                          f"model/ later with `hf upload {cfg.hub_model_id} <run>/model .`")
+
+
+def push(cfg, run_dir: str | Path) -> dict:
+    """Create the repo (if needed) and upload model/ and adapter/; returns what metrics.json records under
+    "hub": the repo, its URL and each folder's commit, or the error."""
+    from huggingface_hub import HfApi
+
+    run_dir = Path(run_dir)
+    repo_id = str(cfg.hub_model_id)
+    folders = [(run_dir / "model", None), (run_dir / "adapter", "adapter")]
+    folders = [(path, into) for path, into in folders if path.is_dir()]
+    message = f"grpo-exp: {cfg.model.name} trained with GRPO on {cfg.stage.name} ({run_dir.name})"
+    try:
+        api = HfApi()
+        url = api.create_repo(repo_id, exist_ok=True, private=cfg.get("hub_private"))
+        commits = {}
+        for path, into in folders:
+            info = api.upload_folder(repo_id=repo_id, folder_path=str(path), path_in_repo=into,
+                                     commit_message=f"{message}: {path.name}/")
+            commits[path.name] = getattr(info, "oid", None) or str(info)
+    except Exception as err:
+        first = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        logger.error("push_to_hub: uploading %s to %s failed (%s: %s); the run is kept; retry with: hf upload %s %s .",
+                     ", ".join(f"{p.name}/" for p, _ in folders), repo_id, type(err).__name__, first, repo_id,
+                     run_dir / "model")
+        return {"repo_id": repo_id, "error": f"{type(err).__name__}: {first}"}
+    logger.info("pushed %s to %s", ", ".join(f"{p.name}/" for p, _ in folders), url)
+    return {"repo_id": repo_id, "url": str(url), "commits": commits}
