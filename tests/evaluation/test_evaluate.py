@@ -308,8 +308,8 @@ def test_bootstrap_interval_is_seeded_and_brackets_the_mean():
     assert bootstrap_interval([1.0] * 5, seed=0) == (1.0, 1.0) and bootstrap_interval([], seed=0) == (0.0, 0.0)
 
 
-def test_evaluate_reports_maj_at_k_and_sampled_pass_at_1(tiny):
-    _, tokenizer = tiny
+def test_evaluate_reports_maj_at_k_and_sampled_pass_at_1(tiny_model):
+    _, tokenizer = tiny_model
     examples = [{"question": "What is 7 + 5?", "answer": "12"}, {"question": "What is 9 - 4?", "answer": "5"},
                 {"question": "What is 2 * 3?", "answer": "6"}]
     stub = CyclingLM(tokenizer, {
@@ -347,8 +347,8 @@ def test_evaluate_reports_maj_at_k_and_sampled_pass_at_1(tiny):
     assert f"0.333 [{low:.3f}, {high:.3f}]" in table
 
 
-def test_maj_k_alone_samples_its_largest_k_and_lands_in_eval_json(tmp_path, tiny):
-    model, tokenizer = tiny
+def test_maj_k_alone_samples_its_largest_k_and_lands_in_eval_json(tmp_path, tiny_model):
+    model, tokenizer = tiny_model
     cfg = compose_cfg(["debug=smoke", "eval.limit=2", "eval.max_new_tokens=4", "eval.maj_k=[3]"], tmp_path)
     report = evaluate_after_train(cfg, model, tokenizer, tmp_path)
     saved = json.loads((tmp_path / "eval.json").read_text())

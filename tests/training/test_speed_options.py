@@ -71,7 +71,9 @@ def test_option_makes_a_correct_grpo_step(name, tmp_path, plain_run):
         assert shapes["completion_ids"][0] == cfg.train.per_device_train_batch_size
         assert shapes["completion_ids"][1] <= cfg.train.max_completion_length
         assert shapes["advantages"] == (cfg.train.per_device_train_batch_size,)
-        common = set(plain_shapes) - {"old_per_token_logps"}
+        # the rollout engine's own (the sampler's log-probs, importance weights): absent on TRL's generate
+        engine_only = {"old_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio"}
+        common = set(plain_shapes) - engine_only
         assert common <= set(shapes), sorted(common - set(shapes))
     _, spg = generation_batch(cfg.train)
     assert trainer.args.steps_per_generation == spg
