@@ -10,7 +10,6 @@ where a group option sets them.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -18,29 +17,15 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, ListConfig
 
-from grpo_exp.base import dist
-from grpo_exp.base.cpu import PRECISIONS, resolve_malloc, resolve_threads, resolve_wait_policy
+from grpo_exp.base.cpu import resolve_malloc, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.log import LEVELS
+from grpo_exp.config.recipe import TrainConfig
+from grpo_exp.config.rules import require, require_choice, require_positive
 from grpo_exp.config.speed import SpeedConfig
 from grpo_exp.core import data
-
-
-def require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def require_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    require(value in choices, f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
-
-
-def require_positive(group: str, node: Any, *keys: str) -> None:
-    for key in keys:
-        value = getattr(node, key)
-        require(value >= 1, f"{group}.{key}={value} must be a positive integer")
 
 
 @dataclass
@@ -198,116 +183,6 @@ class CpuConfig:
         require(cpu.interop_threads >= 1, f"cpu.interop_threads={cpu.interop_threads} must be >= 1")
         resolve_wait_policy(cpu.omp_wait_policy)
         resolve_malloc(cpu.malloc)
-
-
-@dataclass
-class TrainConfig:
-    """GRPO hyperparameters, named as TRL's GRPOConfig names them. MISSING here: the value is in
-    conf/train/default.yaml (one place for each default); the rest default here."""
-
-    max_steps: int = MISSING
-    num_generations: int = MISSING
-    per_device_train_batch_size: int = MISSING
-    gradient_accumulation_steps: int = MISSING
-    generation_batch_size: Optional[int] = None
-    steps_per_generation: Optional[int] = MISSING
-    num_iterations: int = 1
-    max_completion_length: int = MISSING
-    learning_rate: float = MISSING
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    beta: float = MISSING
-    epsilon: float = 0.2
-    loss_type: str = MISSING
-    scale_rewards: str = MISSING
-    temperature: float = MISSING
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    mask_truncated_completions: bool = False
-    seed: int = MISSING
-    # auto: bf16 autocast where the hardware computes bf16 natively (CUDA, AVX512-BF16, AMX), else fp32
-    precision: str = MISSING
-    gradient_checkpointing: bool = False
-    logging_steps: int = 1
-    save_steps: int = MISSING
-    save_total_limit: Optional[int] = MISSING
-    # DAPO's filter_groups (training/dynamic_sampling.py): groups whose correctness is all equal are dropped
-    # and replaced by groups of newly drawn prompts, for at most dynamic_sampling_max_draws extra rounds
-    dynamic_sampling: bool = False
-    dynamic_sampling_max_draws: int = 3
-    # Any other GRPOConfig field, passed through after a name check
-    extra: Any = field(default_factory=dict)
-
-    LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-    REWARD_SCALINGS = ("group", "batch", "none")
-
-    @staticmethod
-    def check(train: Any) -> None:
-        require_positive("train", train, "max_steps", "num_generations", "per_device_train_batch_size",
-                         "gradient_accumulation_steps", "num_iterations", "max_completion_length",
-                         "logging_steps", "save_steps")
-        require(train.num_generations >= 2, f"train.num_generations={train.num_generations} must be at least 2 "
-                                            f"(GRPO compares completions within a group)")
-        require(math.isfinite(train.learning_rate) and train.learning_rate > 0,
-                f"train.learning_rate={train.learning_rate} must be a positive number")
-        require(train.temperature > 0, f"train.temperature={train.temperature} must be > 0")
-        require(0 < train.top_p <= 1, f"train.top_p={train.top_p} must be in (0, 1]")
-        require(train.beta >= 0, f"train.beta={train.beta} must be >= 0")
-        require(train.dynamic_sampling_max_draws >= 1,
-                f"train.dynamic_sampling_max_draws={train.dynamic_sampling_max_draws} must be >= 1 (extra "
-                f"generation rounds a step may draw; train.dynamic_sampling=false turns dynamic sampling off)")
-        require_choice("train.precision", train.precision, PRECISIONS)
-        require_choice("train.loss_type", train.loss_type, TrainConfig.LOSS_TYPES)
-        require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)
-        gen_batch, _ = generation_batch(train)
-        if gen_batch % train.num_generations:
-            divisors = [d for d in range(2, gen_batch + 1) if gen_batch % d == 0]
-            processes = f" x {dist.world_size()} processes" if dist.is_distributed() else ""
-            raise ConfigError(
-                f"train.num_generations={train.num_generations} does not divide the generation batch of {gen_batch} "
-                f"completions (train.per_device_train_batch_size x steps_per_generation{processes}); use one of "
-                f"{', '.join(map(str, divisors))} or change the batch size")
-        extra = OmegaConf.to_container(train.extra) if isinstance(train.extra, DictConfig) else dict(train.extra or {})
-        if extra:
-            from trl import GRPOConfig
-
-            known = {f.name for f in dataclasses.fields(GRPOConfig)}
-            unknown = sorted(set(extra) - known)
-            require(not unknown, f"train.extra has keys that GRPOConfig does not know: {', '.join(unknown)}")
-            clash = sorted(set(extra) & {f.name for f in dataclasses.fields(TrainConfig)})
-            require(not clash, f"set {', '.join(clash)} as train.<name>, not inside train.extra")
-
-
-def generation_batch(train: Any, world_size: int | None = None) -> tuple[int, int]:
-    """(completions per generation round over all processes, per-device batches it feeds), as GRPOConfig
-    derives them. The second is TRL's steps_per_generation: optimizer steps only when
-    gradient_accumulation_steps is 1.
-
-    `world_size`: the processes of a data-parallel run (default: as the launcher's environment says). As in
-    TRL, per_device_train_batch_size is per process, so N processes train on N times its completions, and an
-    explicit train.generation_batch_size is the round's total, split across them."""
-    processes = dist.world_size() if world_size is None else world_size
-    per_step = train.per_device_train_batch_size
-    if train.generation_batch_size is not None and train.steps_per_generation is not None:
-        raise ConfigError("set only one of train.generation_batch_size and train.steps_per_generation, not both")
-    if train.generation_batch_size is not None:
-        gen = train.generation_batch_size
-        if processes > 1 and gen % (per_step * processes):
-            fits = [m for m in range(per_step * processes, 4 * max(gen, per_step * processes) + 1,
-                                     per_step * processes)][:3]
-            raise ConfigError(f"{processes} processes do not divide the generation batch of {gen} completions "
-                              f"(train.generation_batch_size) into per-process batches of "
-                              f"train.per_device_train_batch_size={per_step}; use a multiple of {processes} x "
-                              f"{per_step} (e.g. {', '.join(map(str, fits))}) or another number of processes")
-        if gen % per_step:
-            raise ConfigError(f"train.generation_batch_size={gen} must be a multiple of "
-                              f"train.per_device_train_batch_size={per_step}")
-        return gen, gen // (per_step * processes)
-    spg = train.steps_per_generation or train.gradient_accumulation_steps
-    return per_step * spg * processes, spg
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any
 
 from grpo_exp.base import cpu
 from grpo_exp.base.errors import ConfigError
+from grpo_exp.config.rules import require, require_choice
 
 GENERATIONS = ("auto", "trl", "engine")
 ATTENTIONS = ("auto", "sdpa", "grouped", "eager")
@@ -41,16 +42,13 @@ MOVED = {
 }
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
 def _choice(key: str, value: Any, choices: tuple) -> None:
-    shown = ", ".join(str(c).lower() if isinstance(c, bool) else c for c in choices)
+    if choices != TRISTATE:
+        require_choice(f"speed.{key}", value, choices)
+        return
     # 1 == True in Python: a tri-state takes "auto" or a real bool, nothing else
-    ok = (value == "auto" or isinstance(value, bool)) if choices == TRISTATE else value in choices
-    _require(ok, f"speed.{key}={value!r} is not valid; choose one of: {shown}")
+    require(value == "auto" or isinstance(value, bool),
+            f"speed.{key}={value!r} is not valid; choose one of: auto, true, false")
 
 
 @dataclass
@@ -100,7 +98,7 @@ class SpeedConfig:
         _choice("rollout_sampler", speed.rollout_sampler, ROLLOUT_SAMPLERS)
         _choice("old_logps", speed.old_logps, OLD_LOGPS)
         _choice("is_mode", speed.is_mode, IS_MODES)
-        _require(math.isfinite(speed.is_cap) and speed.is_cap >= 1,
+        require(math.isfinite(speed.is_cap) and speed.is_cap >= 1,
                  f"speed.is_cap={speed.is_cap} must be a finite number >= 1 (the largest weight pi_train / pi_sampler "
                  f"a token or sequence keeps)")
 

@@ -29,7 +29,7 @@ from grpo_exp.base.errors import ConfigError, TrainingHalted
 from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_json
 from grpo_exp.base.monitor import MonitorCallback, reset_peak_rss
 from grpo_exp.config.recorded import run_config
-from grpo_exp.config.schema import generation_batch
+from grpo_exp.config.recipe import generation_batch
 from grpo_exp.core import data, models, rewards
 from grpo_exp.training import checkpoints, ewc, lora
 from grpo_exp.training.guards import GracefulStop, NonFiniteError

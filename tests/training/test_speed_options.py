@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grpo_exp.training import shared_prefix
-from grpo_exp.config.schema import generation_batch
+from grpo_exp.config.recipe import generation_batch
 from tests.conftest import ROOT, compose_cfg
 from tests.training.briefly import train_briefly
 

@@ -192,7 +192,7 @@ def child_main(spec_path: Path) -> int:
 
     from grpo_exp.base.cpu import resolve_precision
     from grpo_exp.config.checks import validate
-    from grpo_exp.config.schema import generation_batch
+    from grpo_exp.config.recipe import generation_batch
     from grpo_exp.core import models
     from grpo_exp.training.stage import prepare
 
