@@ -180,7 +180,7 @@ def apply(cpu_cfg) -> dict:
 
 def compiler_missing() -> str | None:
     """Why inductor cannot build C++ here (None when it can): the rollout engine's compiled decoding step and
-    grpo-exp's C++ kernels (kernels/small_rows.py, core/decode_attention.py) are compiled by it."""
+    grpo-exp's C++ kernels (kernels/small_rows.py, kernels/decode_attention.py) are compiled by it."""
     try:
         import torch._inductor  # noqa: F401
     except Exception as err:  # a stripped build

@@ -83,8 +83,9 @@ class SpeedConfig:
     is_cap: float = 3.0
     # Shortcuts that compute the same numbers by other means (tests hold each): each distinct prompt scored once
     # (training/shared_prefix.py), lean saved tensors under bf16 (kernels/lean_saved.py), packed rollout weights
-    # (kernels/packed_linear.py), old log-probs from each batch's own training forward, and a bf16 KL reference
-    # (kernels/lean_reference.py). false: TRL's own way for all five.
+    # (kernels/packed_linear.py), old log-probs from each batch's own training forward, a bf16 KL reference
+    # (kernels/lean_reference.py), the tied embedding's gradient as rows (kernels/embedding_grad.py). false: TRL's
+    # own way for all six.
     exact_shortcuts: bool = True
 
     @staticmethod
@@ -141,8 +142,9 @@ class SpeedPlan:
 
 def copy_kind(rollout_dtype: str, native: str) -> str:
     """The rollout copy `speed.rollout_dtype` asks for. auto: the machine's native dtype (`native`: bf16 where the
-    hardware computes it natively, else fp32), whatever precision training runs in. The autocast copy is faster under bf16 training (its log-probs replace TRL's scoring forward) but is
-    not auto's choice: in its seeds check one of the default run's seeds collapsed (docs/log.md)."""
+    hardware computes it natively, else fp32), whatever precision training runs in. The autocast copy is faster
+    under bf16 training (its log-probs replace TRL's scoring forward) but is not auto's choice: in its seeds check
+    one of the default run's seeds collapsed (docs/log.md)."""
     if rollout_dtype != "auto":
         return rollout_dtype
     return "bf16" if native == "bf16" else "fp32"
@@ -207,6 +209,7 @@ def check_moved(overrides: list[str]) -> None:
     """One line for an override that names a speed switch by its old train.* key."""
     for item in overrides:
         key = item.lstrip("+~").split("=", 1)[0]
-        if key.startswith("train.") and key[len("train."):] in MOVED:
-            raise ConfigError(f"{key} has moved: set {MOVED[key[len('train.'):]]} instead (speed=trl is plain TRL's "
-                              f"path; docs/performance.md, 'Speed switches')")
+        moved = MOVED.get(key.removeprefix("train.")) if key.startswith("train.") else None
+        if moved:
+            raise ConfigError(f"{key} has moved: set {moved} instead (speed=trl is plain TRL's path; "
+                              f"docs/performance.md, 'Speed switches')")

@@ -68,17 +68,19 @@ class RunLock:
 RESOLVED = "resolved."
 
 
-def resolved_choices(cfg: Any) -> dict[str, Any]:
+def resolved_choices(cfg: Any, plan=None) -> dict[str, Any]:
     """What each machine-dependent choice of the training settings resolves to in this process (this machine
     and this grpo-exp version): the precision, and each speed.* key as the speed plan (config/speed.py) resolved
-    it. The plan's derived fields (shared_prefix, saved_tensors, ...) go to speed_plan.json."""
+    it (`plan`: the run's, else resolved here). The plan's derived fields (shared_prefix, saved_tensors, ...) go to
+    speed_plan.json."""
     from grpo_exp.config.speed import resolve
 
-    plan = resolve(cfg.speed, cfg.train).record()
-    return {"train.precision": plan["speed.precision"], **{k: v for k, v in plan.items() if k[6:] in cfg.speed}}
+    record = (plan or resolve(cfg.speed, cfg.train)).record()
+    return {"train.precision": record["speed.precision"],
+            **{k: v for k, v in record.items() if k.removeprefix("speed.") in cfg.speed}}
 
 
-def training_settings(cfg: Any) -> dict[str, Any]:
+def training_settings(cfg: Any, plan=None) -> dict[str, Any]:
     """The resolved config, flattened to dotted keys, without the keys that may change on resume, and what
     each machine-dependent choice resolved to (`resolved.<key>`)."""
     flat: dict[str, Any] = {}
@@ -92,14 +94,14 @@ def training_settings(cfg: Any) -> dict[str, Any]:
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
     settings = {k: v for k, v in flat.items() if not k.startswith(FREE_ON_RESUME)}
-    return {**settings, **{RESOLVED + k: v for k, v in resolved_choices(cfg).items()}}
+    return {**settings, **{RESOLVED + k: v for k, v in resolved_choices(cfg, plan).items()}}
 
 
-def record_or_compare(cfg: Any, run_dir: Path) -> None:
+def record_or_compare(cfg: Any, run_dir: Path, plan=None) -> None:
     """First start: record the training settings. Resume: refuse changed ones, naming each key, unless
     resume_allow_changes=true."""
     path = Path(run_dir) / SETTINGS_FILE
-    now = training_settings(cfg)
+    now = training_settings(cfg, plan)
     if not cfg.resume or not path.is_file():
         write_json(path, now)
         return

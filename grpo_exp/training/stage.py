@@ -30,6 +30,7 @@ from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_jso
 from grpo_exp.base.monitor import MonitorCallback, reset_peak_rss
 from grpo_exp.config.recorded import run_config
 from grpo_exp.config.recipe import generation_batch
+from grpo_exp.config.speed import resolve as resolve_speed
 from grpo_exp.core import data, models, rewards
 from grpo_exp.training import checkpoints, ewc, lora
 from grpo_exp.training.guards import GracefulStop, NonFiniteError
@@ -148,7 +149,8 @@ def train(cfg, step_offset: int = 0) -> dict:
 
 
 def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
-    finished, resume_from = dist.on_main(lambda: _open_run_dir(cfg, run_dir))  # the files are rank 0's to change
+    plan = resolve_speed(cfg.speed, cfg.train)  # once: the settings record and the trainer read the same plan
+    finished, resume_from = dist.on_main(lambda: _open_run_dir(cfg, run_dir, plan))  # the files are rank 0's to change
     if finished is not None:
         return finished
     started = time.time()
@@ -169,7 +171,7 @@ def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
                  "ewc_lambda": cfg.ewc["lambda"], "peft": cfg.peft.name,
                  "adapter_from": str(parts.adapter_from) if parts.adapter_from else None}
     try:
-        stage = StageRun(cfg, run_dir, parts, monitor, started)
+        stage = StageRun(cfg, run_dir, parts, monitor, started, plan)
         trainer = stage.build(tracker, run_state)
         metrics = stage.train_and_save(trainer, resume_from, threads)
     except BaseException:
@@ -187,7 +189,7 @@ def _ewc_source(init, state) -> str | None:
     return str(saved) if saved.is_file() else f"estimated at the start from {init[0]} (starting_fisher)"
 
 
-def _open_run_dir(cfg, run_dir: Path) -> tuple[dict | None, Path | None]:
+def _open_run_dir(cfg, run_dir: Path, plan) -> tuple[dict | None, Path | None]:
     """Resume's repairs and checks, and the settings record: (metrics of a finished stage or None, the
     checkpoint to resume from or None)."""
     if cfg.resume:
@@ -197,7 +199,7 @@ def _open_run_dir(cfg, run_dir: Path) -> tuple[dict | None, Path | None]:
         if finished is not None:
             logger.info("%s already finished stage %s; not retrained", run_dir, finished.get("stage"))
             return finished, None
-    record_or_compare(cfg, run_dir)  # resume=true trains what the run was started with, or says what differs
+    record_or_compare(cfg, run_dir, plan)  # resume=true trains what the run was started with, or says what differs
     return None, _prepare_resume(run_dir) if cfg.resume else None
 
 
@@ -241,8 +243,9 @@ def _prepare_resume(run_dir: Path) -> Path | None:
 class StageRun:
     """The pieces of one stage that building, training and saving share."""
 
-    def __init__(self, cfg, run_dir: Path, parts: StageParts, monitor, started: float):
+    def __init__(self, cfg, run_dir: Path, parts: StageParts, monitor, started: float, plan):
         self.cfg, self.run_dir, self.parts, self.monitor, self.started = cfg, run_dir, parts, monitor, started
+        self.plan = plan  # the resolved speed plan (config/speed.py)
         self.stopper = GracefulStop()
 
     def build(self, tracker, run_state):
@@ -252,7 +255,7 @@ class StageRun:
         main = dist.is_main()
         trainer = build_trainer(self.cfg, self.parts, output_dir=self.run_dir,
                                 callbacks=[self.monitor, self.stopper] if main else [self.stopper],
-                                report_to=report_to, run_state=run_state)
+                                report_to=report_to, run_state=run_state, plan=self.plan)
         if main:  # what this run computes with: the resolved speed plan, less what the model forced off
             write_json(self.run_dir / SPEED_PLAN_FILE, trainer.speed_plan.record())
         if self.cfg.eval.every_steps and main:
