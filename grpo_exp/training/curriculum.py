@@ -1,6 +1,8 @@
 """Runs stages in sequence (each from the last one's model and EWC state) and measures forgetting:
-the accuracy matrix R[trained stage][evaluated stage], average accuracy, backward transfer (BWT,
-Lopez-Paz & Ranzato 2017) and forgetting (Chaudhry et al. 2018).
+the accuracy matrix R[trained stage][evaluated stage] (every stage's held-out set after every stage, so the
+entry above the diagonal is a stage's accuracy before it trains), average accuracy, backward transfer (BWT,
+Lopez-Paz & Ranzato 2017), forgetting (Chaudhry et al. 2018) and each stage's gain on its own held-out
+problems, paired over problems (interval and McNemar p) from the per-problem results kept in curriculum.json.
 
 Data-parallel (torchrun): every process trains every stage; rank 0 alone evaluates and writes the
 curriculum's files, while the others wait for it at the next stage's first collective."""
@@ -18,6 +20,7 @@ from grpo_exp.config.checks import validate
 from grpo_exp.core import models
 from grpo_exp.evaluation.generate import evaluate
 from grpo_exp.evaluation.run import held_out_split
+from grpo_exp.evaluation.stats import mcnemar_exact_p, paired_difference_interval
 from grpo_exp.training.stage import finished_metrics, train
 
 logger = log.get_logger(__name__)
@@ -65,6 +68,33 @@ def transfer_metrics(matrix: list[list[float]]) -> dict:
             "forgetting_per_stage": forgetting}
 
 
+def stage_gains(stages: list[str], before_first: list[list[int]] | None, rows: list[list[list[int]]]) -> list[dict]:
+    """Each stage's gain on its own held-out problems: after training it (rows[i][i]) against before (the
+    previous stage's model, rows[i-1][i]; for the first stage the start model, `before_first`), paired over the
+    same problems. Entries are per-problem correctness (0/1) in one fixed order."""
+    gains = []
+    for i, stage in enumerate(stages):
+        before = rows[i - 1][i] if i else (before_first[i] if before_first else None)
+        if before is None or i >= len(rows):
+            continue
+        after = rows[i][i]
+        n = len(after)
+        only_before = sum(b and not a for b, a in zip(before, after))
+        only_after = sum(a and not b for b, a in zip(before, after))
+        gains.append({"stage": stage, "n": n, "before": sum(before) / n, "after": sum(after) / n,
+                      "gain": (sum(after) - sum(before)) / n,
+                      "gain_ci95": list(paired_difference_interval(only_before, only_after, n)),
+                      "mcnemar_p": mcnemar_exact_p(only_before, only_after)})
+    return gains
+
+
+def format_gains(gains: list[dict]) -> str:
+    return markdown_table(["stage", "n", "before", "after", "gain [paired 95% CI]", "McNemar p"],
+                          [[g["stage"], g["n"], f"{g['before']:.3f}", f"{g['after']:.3f}",
+                            f"{g['gain']:+.3f} [{g['gain_ci95'][0]:+.3f}, {g['gain_ci95'][1]:+.3f}]",
+                            f"{g['mcnemar_p']:.2g}"] for g in gains])
+
+
 def format_table(stages: list[str], rows: list[tuple[str, list[float | None]]]) -> str:
     """The accuracy matrix: one row per trained stage (and the base model), one column per evaluated stage."""
     return markdown_table(["after \\ eval", *stages],
@@ -72,17 +102,18 @@ def format_table(stages: list[str], rows: list[tuple[str, list[float | None]]]) 
 
 
 def _evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list, limit: int, batch_size: int,
-                  seed: int) -> list[dict]:
-    """Accuracy of one model on the held-out split (eval.split) of each given stage."""
+                  seed: int) -> list[tuple[dict, list[int]]]:
+    """Accuracy of one model on the held-out split (eval.split) of each given stage, with its per-problem
+    correctness (0/1, in the split's fixed order)."""
     model, tokenizer = models.load(model_cfg, cache_dir, seed=seed, init_from=model_dir)
     results = []
     for stage_cfg in stage_cfgs:
         # the problems `python -m grpo_exp.evaluate` scores for this stage with eval.limit=limit
         examples = held_out_split(stage_cfg.stage, stage_cfg.eval.split, limit, stage_cfg.train.seed)[:limit]
-        metrics, _ = evaluate(model, tokenizer, examples, system_prompt=stage_cfg.reward.system_prompt,
-                              max_new_tokens=stage_cfg.train.max_completion_length, batch_size=batch_size,
-                              seed=seed, desc=f"eval {stage_cfg.stage.name}")
-        results.append(metrics)
+        metrics, samples = evaluate(model, tokenizer, examples, system_prompt=stage_cfg.reward.system_prompt,
+                                    max_new_tokens=stage_cfg.train.max_completion_length, batch_size=batch_size,
+                                    seed=seed, desc=f"eval {stage_cfg.stage.name}")
+        results.append((metrics, [int(s["correct"]) for s in samples]))
     del model
     gc.collect()
     return results
@@ -101,24 +132,28 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     cpu.apply(cfg.cpu)  # before the base evaluation: oversubscribed threads spin and crawl
 
     result = {"stages": stages, "ewc_lambda": cfg.ewc["lambda"], "model": cfg.model.name, "seed": cfg.train.seed,
-              "eval_limit": limit, "matrix": [], "base": None, "stage_metrics": []}
+              "eval_limit": limit, "matrix": [], "base": None, "stage_metrics": [],
+              "correct": {"base": None, "rows": []}}
     earlier = _earlier_result(root, stages) if cfg.resume else None
     main = dist.is_main()
     if cfg.curriculum.eval_base and main:
-        if earlier and earlier.get("base"):
-            result["base"] = earlier["base"]
+        if earlier and earlier.get("base") and earlier.get("correct", {}).get("base"):
+            result["base"], result["correct"]["base"] = earlier["base"], earlier["correct"]["base"]
         else:
             base = _evaluate_dir(cfg.model, cfg.paths.cache_dir, cfg.init_from and str(cfg.init_from), stage_cfgs,
                                  limit, batch, cfg.train.seed)
-            result["base"] = [m["accuracy"] for m in base]
+            result["base"] = [m["accuracy"] for m, _ in base]
+            result["correct"]["base"] = [bits for _, bits in base]
     previous = cfg.init_from
     step_offset = 0
     for i, stage in enumerate(stages):
         out_dir = root / f"{i + 1}_{stage}"
         done = earlier["stage_metrics"][i] if earlier and i < len(earlier["stage_metrics"]) else None
-        if done is not None and finished_metrics(out_dir) is not None:
+        kept_bits = earlier.get("correct", {}).get("rows", []) if earlier else []
+        if done is not None and i < len(kept_bits) and finished_metrics(out_dir) is not None:
             logger.info("curriculum stage %d/%d: %s already finished; kept", i + 1, len(stages), stage)
             result["matrix"].append(earlier["matrix"][i])
+            result["correct"]["rows"].append(kept_bits[i])
             result["stage_metrics"].append(done)
             step_offset += done["steps"]
             previous = str(out_dir)
@@ -134,10 +169,12 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         previous = str(out_dir)
         if not main:
             continue
-        evals = _evaluate_dir(cfg.model, cfg.paths.cache_dir, str(out_dir / "model"), stage_cfgs[: i + 1],
-                              limit, batch, cfg.train.seed)
-        row = [m["accuracy"] for m in evals]
-        result["matrix"].append(row)
+        # every stage, the later ones too: the next stage's accuracy before it trains is its gain's baseline
+        scored = _evaluate_dir(cfg.model, cfg.paths.cache_dir, str(out_dir / "model"), stage_cfgs,
+                               limit, batch, cfg.train.seed)
+        evals = [m for m, _ in scored]
+        result["matrix"].append([m["accuracy"] for m in evals])
+        result["correct"]["rows"].append([bits for _, bits in scored])
         result["stage_metrics"].append({"stage": stage, "dir": str(out_dir), "reward_mean_first": metrics["reward_mean_first"],
                                         "reward_mean_last": metrics["reward_mean_last"], "steps": metrics["steps"],
                                         "eval": evals})
@@ -150,8 +187,11 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     result.update(transfer_metrics(result["matrix"]))
     rows = ([("base", result["base"])] if result["base"] else []) + list(zip(stages, square))
     result["table"] = format_table(stages, rows)
+    result["stage_gains"] = stage_gains(stages, result["correct"]["base"], result["correct"]["rows"])
+    result["gains_table"] = format_gains(result["stage_gains"])
     write_json(root / "curriculum.json", result)
     print(result["table"])
+    print(result["gains_table"])
     print(f"average accuracy {result['average_accuracy']:.3f}  BWT {_fmt(result['bwt'])}  "
           f"max forgetting {_fmt(result['forgetting_max'])}")
     return result

@@ -113,7 +113,7 @@ def test_curriculum_scores_the_problems_evaluate_scores(tmp_path, gsm8k_dir, mon
     assert len(expected) == 3
     seen = []
     monkeypatch.setattr(curriculum.models, "load", lambda *a, **k: (None, None))
-    monkeypatch.setattr(curriculum, "evaluate", lambda model, tok, examples, **kw: (seen.append(examples), None))
+    monkeypatch.setattr(curriculum, "evaluate", lambda model, tok, examples, **kw: (seen.append(examples) or {}, []))
     curriculum._evaluate_dir(cfg.model, cfg.paths.cache_dir, None, [cfg], limit=3, batch_size=3,
                              seed=cfg.train.seed)
     assert seen == [expected]

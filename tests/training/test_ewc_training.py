@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 from grpo_exp.training import ewc
 from grpo_exp.core import models
 from grpo_exp.core import rewards
-from grpo_exp.training.curriculum import run_curriculum, transfer_metrics
+from grpo_exp.evaluation.stats import mcnemar_exact_p
+from grpo_exp.training.curriculum import format_gains, run_curriculum, stage_gains, transfer_metrics
 from grpo_exp.training.stage import StageParts, train
 from grpo_exp.training.trainer import build_trainer
 from tests.conftest import compose_cfg
@@ -127,7 +128,7 @@ def test_init_from_without_ewc_state_gets_its_fisher_estimated(tmp_path, test_re
 @pytest.mark.slow
 def test_three_stage_curriculum_writes_stages_fishers_and_matrix(tmp_path):
     overrides = [*FAST, "train.max_steps=1", "ewc.lambda=10", "curriculum=progressive",
-                 "curriculum.eval_limit=3", "curriculum.eval_batch_size=3", "train.max_completion_length=8"]
+                 "curriculum.stages=[basic,intermediate,advanced]", "curriculum.eval_limit=3", "curriculum.eval_batch_size=3", "train.max_completion_length=8"]
     cfg = compose_cfg(overrides, tmp_path)
     result = run_curriculum(cfg, overrides)
     for i, stage in enumerate(["basic", "intermediate", "advanced"], start=1):
@@ -136,8 +137,13 @@ def test_three_stage_curriculum_writes_stages_fishers_and_matrix(tmp_path):
         assert ewc.EwcState.load(stage_dir).stages == ["basic", "intermediate", "advanced"][:i]
         assert json.loads((stage_dir / "metrics.json").read_text())["stage"] == stage
     saved = json.loads((tmp_path / "curriculum.json").read_text())
-    assert [len(row) for row in saved["matrix"]] == [1, 2, 3]
+    # every stage is scored after every stage: the entry above the diagonal is the next stage's "before"
+    assert [len(row) for row in saved["matrix"]] == [3, 3, 3]
     assert len(saved["base"]) == 3
+    assert [[len(bits) for bits in row] for row in saved["correct"]["rows"]] == [[3, 3, 3]] * 3
+    assert [g["stage"] for g in saved["stage_gains"]] == ["basic", "intermediate", "advanced"]
+    gain = saved["stage_gains"][1]
+    assert gain["before"] == saved["matrix"][0][1] and gain["after"] == saved["matrix"][1][1]
     assert {"average_accuracy", "bwt", "forgetting_max"} <= saved.keys()
     assert result["table"].count("\n") == 5  # header, separator, base and three stage rows
     # The curriculum continued the same policy: stage 2 started from stage 1's model.
@@ -149,6 +155,20 @@ def test_three_stage_curriculum_writes_stages_fishers_and_matrix(tmp_path):
     assert {"forgetting/basic/kl", "eval/basic/accuracy", "eval/intermediate/accuracy"} <= logged[1]
     assert {"forgetting/basic/kl", "forgetting/intermediate/kl", "eval/advanced/accuracy"} <= logged[2]
     assert "forgetting/advanced/kl" not in logged[2]
+
+
+def test_stage_gains_pair_each_stage_with_the_model_before_it():
+    # two stages, three problems each; rows[i][j]: after stage i, on stage j's problems
+    base = [[0, 0, 1], [0, 0, 0]]
+    rows = [[[1, 1, 1], [0, 1, 0]], [[1, 0, 1], [1, 1, 1]]]
+    gains = stage_gains(["a", "b"], base, rows)
+    assert [g["stage"] for g in gains] == ["a", "b"]
+    assert gains[0]["before"] == pytest.approx(1 / 3) and gains[0]["after"] == 1.0
+    # stage b's baseline is stage a's model on b (one right), not the start model (none right)
+    assert gains[1]["before"] == pytest.approx(1 / 3) and gains[1]["gain"] == pytest.approx(2 / 3)
+    assert gains[1]["mcnemar_p"] == pytest.approx(mcnemar_exact_p(0, 2))
+    assert "| b | 3 | 0.333 | 1.000 | +0.667" in format_gains(gains)
+    assert stage_gains(["a", "b"], None, rows)[0]["stage"] == "b"  # no start model scored: the first has no baseline
 
 
 def test_transfer_metrics_follow_the_definitions():
