@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from grpo_exp.analysis import aggregates, seed_summary
+from grpo_exp.analysis import aggregates, continual, seed_summary
 from grpo_exp.base.text import markdown_table
 
 
 # the tables' names, as `grpo-report --table` takes them, in the order reports give them
-NAMES = ("before_after", "seeds", "reward_fifths", "validation_accuracy")
+NAMES = ("before_after", "seeds", "continual", "continual_vs_baseline", "reward_fifths", "validation_accuracy")
 
 
 @dataclass
@@ -146,6 +146,7 @@ def sections(jobs: list[dict], df: pd.DataFrame, labels: list[str], seed_labels:
                            "interval of the mean over the n seeds (n - 1 degrees of freedom) and the 95% interval "
                            "of all its seeds' problems pooled (Wilson; paired for the difference). Ranked on the "
                            "validation split only.", seed_summary.display(seeds)))
+    out += continual_sections(jobs, seed_labels)
     fifths = fifths_table(df, labels)
     if not fifths.empty:
         out.append(Section("reward_fifths", "Training reward by fifths of the run",
@@ -159,4 +160,25 @@ def sections(jobs: list[dict], df: pd.DataFrame, labels: list[str], seed_labels:
                            "model's accuracy on n validation problems: the periodic evaluation's own "
                            "(before_after.json `validation_before`), else the n the job scored after training.",
                            periodic))
+    return out
+
+
+def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section]:
+    """The continual-learning tables of curriculum runs (analysis/continual.py), if any."""
+    table = continual.continual_table(jobs, seed_labels)
+    if table.empty:
+        return []
+    out = [Section("continual", "Continual learning: each method over seeds",
+                   "From each curriculum run's curriculum.json (greedy accuracy on its held-out problems, "
+                   "`curriculum.eval_limit` per stage, `eval.split`'s split). `<stage> final`: after the last stage, "
+                   "mean (min..max) over seeds; `<stage> gain`: after training the stage minus before it (the "
+                   "model that entered it), pooled over the seeds' problems, with the paired 95% interval and "
+                   "McNemar's exact p; average accuracy, BWT and maximum forgetting as in docs/curriculum-ewc.md, "
+                   "mean (min..max) over seeds.", table)]
+    versus = continual.against_baseline(jobs, seed_labels)
+    if not versus.empty:
+        out.append(Section("continual_vs_baseline", "Continual learning: each method against the first",
+                           "Final accuracy per stage minus the first method's, paired problem by problem over the "
+                           "seeds both ran (a seed scores the same problems in every method), with the paired 95% "
+                           "interval and McNemar's exact p.", versus))
     return out

@@ -1,0 +1,100 @@
+"""The continual-learning table: curriculum runs (curriculum.json) grouped by method (the swept overrides other
+than the seed), over seeds.
+
+Per method: each stage's final accuracy, average accuracy, backward transfer (BWT), maximum forgetting and each
+stage's gain against the model that entered it. Gains pool the per-problem results of every seed (each seed
+scores its own held-out problems, so pooling adds problems, not repeats): a paired 95% interval and McNemar's
+exact p over all of them. Then each method against the first one (`baseline`) on the final model's accuracy per
+stage, paired problem by problem over the seeds both ran: the test of whether a method's difference is beyond noise.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from grpo_exp.evaluation.stats import mcnemar_exact_p, paired_difference_interval
+
+
+def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict]]:
+    """(method label, curriculum.json) of each finished curriculum job with per-problem results."""
+    out = []
+    for job, label in zip(jobs, labels):
+        cur = job.get("curriculum") or {}
+        rows = (cur.get("correct") or {}).get("rows") or []
+        if cur.get("stages") and len(rows) == len(cur["stages"]):
+            out.append((label or "default", cur))
+    return out
+
+
+def _pooled_pair(pairs: list[tuple[list[int], list[int]]]) -> dict:
+    """Paired comparison of (before, after) per-problem results pooled over seeds."""
+    before = [b for bs, _ in pairs for b in bs]
+    after = [a for _, as_ in pairs for a in as_]
+    n = len(after)
+    only_before = sum(b and not a for b, a in zip(before, after))
+    only_after = sum(a and not b for b, a in zip(before, after))
+    low, high = paired_difference_interval(only_before, only_after, n)
+    return {"diff": (sum(after) - sum(before)) / n, "low": low, "high": high, "n": n,
+            "p": mcnemar_exact_p(only_before, only_after)}
+
+
+def _spread(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    return f"{mean:.3f}" + (f" ({min(values):.3f}..{max(values):.3f})" if len(values) > 1 else "")
+
+
+def _gain_cell(g: dict) -> str:
+    return f"{g['diff']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] p {g['p']:.2g}"
+
+
+def _stage_pairs(cur: dict, i: int) -> tuple[list[int], list[int]] | None:
+    """Stage i's (before, after) per-problem results: the model that entered it, then the one it left."""
+    correct = cur["correct"]
+    before = correct["rows"][i - 1][i] if i else (correct["base"][i] if correct.get("base") else None)
+    return None if before is None else (before, correct["rows"][i][i])
+
+
+def continual_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
+    """One row per method; empty when no job is a curriculum run with per-problem results."""
+    by_method: dict[str, list[dict]] = {}
+    for label, cur in curriculum_jobs(jobs, labels):
+        by_method.setdefault(label, []).append(cur)
+    rows = []
+    for method, curs in by_method.items():
+        stages = curs[0]["stages"]
+        row = {"method": method, "seeds": " ".join(str(c.get("seed")) for c in curs)}
+        for j, stage in enumerate(stages):
+            row[f"{stage} final"] = _spread([c["matrix"][-1][j] for c in curs])
+        for j, stage in enumerate(stages):
+            pairs = [p for c in curs if (p := _stage_pairs(c, j)) is not None]
+            row[f"{stage} gain"] = _gain_cell(_pooled_pair(pairs)) if pairs else ""
+        row["average accuracy"] = _spread([c["average_accuracy"] for c in curs])
+        row["BWT"] = _spread([c["bwt"] for c in curs]) if all(c.get("bwt") is not None for c in curs) else ""
+        row["max forgetting"] = (_spread([c["forgetting_max"] for c in curs])
+                                 if all(c.get("forgetting_max") is not None for c in curs) else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def against_baseline(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
+    """Each method's final accuracy per stage minus the first method's, paired over the problems of the seeds
+    both ran (the same seed scores the same problems); empty with fewer than two methods."""
+    by_method: dict[str, dict] = {}
+    for label, cur in curriculum_jobs(jobs, labels):
+        by_method.setdefault(label, {})[cur.get("seed")] = cur
+    if len(by_method) < 2:
+        return pd.DataFrame()
+    (base_name, base), *others = by_method.items()
+    rows = []
+    for method, curs in others:
+        seeds = [s for s in curs if s in base]
+        if not seeds:
+            continue
+        row = {"method": method, "against": base_name, "seeds": " ".join(map(str, seeds))}
+        for j, stage in enumerate(curs[seeds[0]]["stages"]):
+            pairs = [(base[s]["correct"]["rows"][-1][j], curs[s]["correct"]["rows"][-1][j]) for s in seeds]
+            row[f"{stage} final, difference"] = _gain_cell(_pooled_pair(pairs))
+        rows.append(row)
+    return pd.DataFrame(rows)

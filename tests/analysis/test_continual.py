@@ -1,0 +1,59 @@
+"""The continual-learning table from curriculum.json files: gains pooled over seeds, spreads, and each method
+against the first, paired problem by problem."""
+
+import pytest
+
+from grpo_exp.analysis import continual, tables
+from grpo_exp.evaluation.stats import mcnemar_exact_p
+from grpo_exp.training.curriculum import transfer_metrics
+
+
+def _curriculum(seed: int, base: list[list[int]], rows: list[list[list[int]]]) -> dict:
+    acc = lambda bits: sum(bits) / len(bits)  # noqa: E731
+    matrix = [[acc(b) for b in row] for row in rows]
+    return {"stages": ["a", "b"], "seed": seed, "base": [acc(b) for b in base], "matrix": matrix,
+            "correct": {"base": base, "rows": rows}, **transfer_metrics(matrix)}
+
+
+def _job(cur: dict) -> dict:
+    return {"curriculum": cur, "row": {"dir": f"job{cur['seed']}"}}
+
+
+# four problems per stage; stage a learned from 1 to 3 right, stage b from 1 (after a) to 4
+PLAIN = [_curriculum(s, [[1, 0, 0, 0], [0, 0, 0, 0]], [[[1, 1, 1, 0], [1, 0, 0, 0]], [[1, 0, 0, 0], [1, 1, 1, 1]]])
+         for s in (1, 2)]
+KEEP = [_curriculum(s, [[1, 0, 0, 0], [0, 0, 0, 0]], [[[1, 1, 1, 0], [1, 0, 0, 0]], [[1, 1, 1, 0], [1, 1, 1, 1]]])
+        for s in (1, 2)]
+
+
+def test_gains_pool_every_seeds_problems():
+    table = continual.continual_table([_job(c) for c in PLAIN], ["plain", "plain"])
+    row = table.iloc[0]
+    assert row["seeds"] == "1 2"
+    # stage b: before it (after a) 1 of 4 right on each seed, after it 4 of 4: +0.75 over 8 problems, 6 flips
+    assert row["b gain"].startswith("+0.750 [")
+    assert row["b gain"].endswith(f"p {mcnemar_exact_p(0, 6):.2g}")
+    assert row["a final"] == "0.250 (0.250..0.250)"  # mean (min..max) over the two seeds
+    assert row["max forgetting"] == "0.500 (0.500..0.500)"
+
+
+def test_methods_are_compared_with_the_first_on_the_same_seeds():
+    jobs = [_job(c) for c in PLAIN + KEEP]
+    versus = continual.against_baseline(jobs, ["plain", "plain", "ewc", "ewc"])
+    assert list(versus["method"]) == ["ewc"] and versus.iloc[0]["against"] == "plain"
+    # the final model keeps two more problems of stage a per seed: +0.5 over 8, 4 flips, none the other way
+    assert versus.iloc[0]["a final, difference"].startswith("+0.500 [")
+    assert versus.iloc[0]["b final, difference"].startswith("+0.000")
+
+
+def test_runs_without_per_problem_results_make_no_table():
+    old = {k: v for k, v in PLAIN[0].items() if k != "correct"}
+    assert continual.continual_table([_job(old)], ["x"]).empty
+    assert tables.continual_sections([_job(old)], ["x"]) == []
+    names = [s.name for s in tables.continual_sections([_job(c) for c in PLAIN + KEEP], ["p", "p", "e", "e"])]
+    assert names == ["continual", "continual_vs_baseline"]
+
+
+@pytest.mark.parametrize("name", ["continual", "continual_vs_baseline"])
+def test_tables_are_named_for_grpo_report(name):
+    assert name in tables.NAMES
