@@ -120,9 +120,12 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
     - `_save_checkpoint`: the checkpoint written into a staging directory and renamed into place, with grpo-exp's
       run state, so that a kill leaves the last complete one.
     Public ones: `compute_loss` (the EWC term, the loss guard, the batches whose own forward gives their old
-    log-probs) and `log` (the completions sample, figures measured between steps). It also reads TRL's private
-    state (`_step`, `_buffered_inputs`, `_metrics`, `_logs`; for the engine `_tokenize_prompts`, `_tokenizer`,
-    `_is_vlm`, `_last_loaded_step`), which a TRL upgrade may rename.
+    log-probs) and `log` (the completions sample, figures measured between steps). It relies on TRL's
+    `_compute_loss` and `training_step` (`_step` counts micro-batches), calls HF's `_get_output_dir`, and reads TRL's
+    private state (`_step`, `_buffered_inputs`, `_metrics`, `_logs`; for the engine `_generate`'s rollout_func,
+    `_tokenize_prompts`, `_tokenizer`, `_is_vlm`, `_last_loaded_step`), which a TRL upgrade may rename.
+    tests/training/test_trl_hooks.py records each of these at trl 1.16.0 and fails, naming it and what to re-check,
+    when an upgrade changes one (docs/architecture.md, "TRL's private hooks").
 
     Why it impersonates vLLM: TRL's importance-sampling correction (each token's loss weighed by pi_train /
     pi_sampler, truncated or masked at a cap, after a scoring forward by the policy) runs only when `use_vllm`
