@@ -150,6 +150,18 @@ def test_vllm_memory_is_a_share(tmp_path):
             validate(compose_cfg(["stage=basic", f"speed.vllm_memory={bad}"], tmp_path))
 
 
+def test_a_run_recorded_before_speed_vllm_memory_resumes(tmp_path):
+    """Settings recorded before the key existed (no speed.vllm_memory, no resolved one) resume at its default."""
+    import json
+
+    from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
+
+    recorded = {k: v for k, v in training_settings(compose_cfg(["debug=smoke"], tmp_path)).items()
+                if not k.endswith("speed.vllm_memory")}
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
+
+
 def test_the_settings_record_holds_what_the_plan_resolved(tmp_path):
     cfg = compose_cfg(["stage=basic"], tmp_path)
     plan = resolve(cfg.speed, cfg.train)
