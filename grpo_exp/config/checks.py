@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.recorded import run_config
 from grpo_exp.config.schema import GROUPS, RunConfig
+from grpo_exp.config.speed import check_generation
 
 
 def validate(cfg: Any) -> None:
@@ -37,8 +38,9 @@ def validate(cfg: Any) -> None:
 def _check_speed(cfg: Any) -> None:
     """The speed rules that read the recipe (train.*) or the machine."""
     train, speed = cfg.train, cfg.speed
+    check_generation(speed.generation)  # vllm needs CUDA and the vllm package on this machine
     # TRL's own rule for importance-corrected rollouts, which it checks only when use_vllm is set
-    if (speed.generation in ("engine", "auto") and speed.is_correction and train.loss_type == "vespo"
+    if (speed.generation in ("engine", "vllm", "auto") and speed.is_correction and train.loss_type == "vespo"
             and not speed.is_mode.startswith("token")):
         raise ConfigError(f"train.loss_type=vespo needs a token-level speed.is_mode (token_truncate or token_mask), "
                           f"not {speed.is_mode}")

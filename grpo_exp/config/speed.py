@@ -4,12 +4,16 @@ Every `auto` of the speed settings is resolved here, once per run, against the p
 `resolve(cfg)` returns a `SpeedPlan` whose fields hold only concrete choices. The settings record
 (training/run_dir), the trainer and the rollout engine all read that plan, so what is recorded is what ran.
 Speed changes how fast a run computes, never the GRPO recipe (train.*). `speed=trl` is plain TRL's path:
-TRL's `generate`, sdpa attention, TRL's log-prob kernel, none of grpo-exp's kernels.
+TRL's `generate`, sdpa attention, TRL's log-prob kernel, none of grpo-exp's kernels. `speed.generation=vllm` is
+TRL's vLLM in colocate mode (one vLLM engine in each training process, on its GPU), which needs CUDA and the vllm
+package: an explicit `vllm` without them fails here in one line, before any model loads, and `auto` takes it only
+where both are.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +22,7 @@ from grpo_exp.base import cpu
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.rules import require, require_choice
 
-GENERATIONS = ("auto", "trl", "engine")
+GENERATIONS = ("auto", "trl", "engine", "vllm")
 ATTENTIONS = ("auto", "sdpa", "grouped", "eager")
 ATTENTION_DECODES = ("cache_axis", "last_axis")
 LOGPROB_KERNELS = ("auto", "trl", "autocast")
@@ -57,7 +61,8 @@ class SpeedConfig:
 
     name: str = "auto"
     # who samples the completions: engine (training/rollout: a rollout copy of the policy, static KV cache, compiled
-    # decoding step), trl (TRL's `generate`), auto (the engine on a CPU, trl on CUDA)
+    # decoding step), trl (TRL's `generate`), vllm (TRL's vLLM, colocated: CUDA and the vllm package), auto (the
+    # engine on a CPU, vllm on CUDA where vllm is installed, else trl)
     generation: str = "auto"
     # the trained policy's attention: grouped (kernels/attention.py), sdpa or eager (transformers'), auto (grouped
     # on a CPU, sdpa on CUDA)
@@ -87,6 +92,9 @@ class SpeedConfig:
     # (kernels/lean_reference.py), the tied embedding's gradient as rows (kernels/embedding_grad.py). false: TRL's
     # own way for all six.
     exact_shortcuts: bool = True
+    # speed.generation=vllm: the share of each GPU's memory vLLM's colocated engine takes (its weights and KV cache;
+    # TRL's vllm_gpu_memory_utilization). TRL's default, 0.3, leaves the rest to training
+    vllm_memory: float = 0.3
 
     @staticmethod
     def check(speed: Any) -> None:
@@ -102,6 +110,8 @@ class SpeedConfig:
         require(math.isfinite(speed.is_cap) and speed.is_cap >= 1,
                  f"speed.is_cap={speed.is_cap} must be a finite number >= 1 (the largest weight pi_train / pi_sampler "
                  f"a token or sequence keeps)")
+        require(0 < speed.vllm_memory < 1, f"speed.vllm_memory={speed.vllm_memory} must be a share of the GPU's memory "
+                                           f"between 0 and 1 (vLLM's weights and KV cache; training needs the rest)")
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,7 @@ class SpeedPlan:
 
     precision: str  # bf16 | fp32: what training computes in
     device: str  # cpu | cuda
-    generation: str  # engine | trl
+    generation: str  # engine | trl | vllm
     attention: str  # grouped | sdpa | eager
     attention_decode: str
     logprob_kernel: str  # autocast | trl
@@ -128,6 +138,7 @@ class SpeedPlan:
     is_correction: bool
     is_mode: str
     is_cap: float
+    vllm_memory: float | None = None  # vLLM's share of each GPU's memory; None off vLLM (recorded runs predate it)
 
     def record(self) -> dict[str, Any]:
         """The plan as flat `speed.<field>` keys (the settings record and speed_plan.json)."""
@@ -138,6 +149,44 @@ class SpeedPlan:
         import torch
 
         return torch.float32 if self.rollout_dtype == "fp32" else torch.bfloat16
+
+
+def vllm_installed() -> bool:
+    """Whether the vllm package can be imported here (found, not imported: importing it starts CUDA work)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_missing(device: str) -> str | None:
+    """Why TRL's colocated vLLM cannot sample on this machine (`device`: cuda or cpu), or None where it can."""
+    if device != "cuda":
+        return "this machine has no CUDA device"
+    if not vllm_installed():
+        return "the vllm package is not installed (pip install 'grpo-exp[vllm]')"
+    return None
+
+
+def check_generation(generation: str, device: str | None = None) -> None:
+    """One line, before any model loads, for speed.generation=vllm on a machine without CUDA or vllm."""
+    if generation != "vllm":
+        return
+    why = vllm_missing(device or _device())
+    if why:
+        raise ConfigError(f"speed.generation=vllm needs CUDA and the vllm package; {why}; choose one of: "
+                          f"{', '.join(GENERATIONS)}")
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def auto_generation(device: str) -> str:
+    """What speed.generation=auto samples with: the engine on a CPU, TRL's vLLM on CUDA where vllm is installed,
+    else TRL's generate."""
+    if device != "cuda":
+        return "engine"
+    return "vllm" if vllm_missing(device) is None else "trl"
 
 
 def copy_kind(rollout_dtype: str, native: str) -> str:
@@ -171,17 +220,17 @@ def _prepack(kind: str, device: str, shortcuts: bool) -> bool:
     return packed_linear.unsupported_reason(dtype, torch.device("cpu")) is None
 
 
-def resolve(speed: Any, train: Any, device: str | None = None) -> SpeedPlan:
+def resolve(speed: Any, train: Any, device: str | None = None, available: bool = True) -> SpeedPlan:
     """The plan of `speed` (the speed node) for training `train` (train.precision, gradient_checkpointing) on this
-    machine (`device`: cuda where torch sees one, else cpu)."""
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    machine (`device`: cuda where torch sees one, else cpu). `available=False` describes a run made elsewhere
+    (grpo-export-trl): an explicit vllm is planned even where this machine could not run it."""
+    device = device or _device()
+    if available:
+        check_generation(speed.generation, device)
     precision = cpu.resolve_precision(train.precision)
     checkpointing = bool(train.gradient_checkpointing)
     shortcuts = bool(speed.exact_shortcuts)
-    generation = speed.generation if speed.generation != "auto" else ("trl" if device == "cuda" else "engine")
+    generation = speed.generation if speed.generation != "auto" else auto_generation(device)
     engine = generation == "engine"
     # the copy's auto dtype is the machine's, not the training's: an fp32 run on a bf16 machine samples from bf16
     kind = copy_kind(speed.rollout_dtype, cpu.resolve_precision("auto")) if engine else None
@@ -202,7 +251,8 @@ def resolve(speed: Any, train: Any, device: str | None = None) -> SpeedPlan:
         rollout_prepack=engine and _prepack(kind, device, shortcuts),
         rollout_sampler=speed.rollout_sampler,
         old_logps=old_logps_source(speed.old_logps, kind, precision) if engine else None,
-        is_correction=bool(speed.is_correction), is_mode=speed.is_mode, is_cap=float(speed.is_cap))
+        is_correction=bool(speed.is_correction), is_mode=speed.is_mode, is_cap=float(speed.is_cap),
+        vllm_memory=float(speed.vllm_memory) if generation == "vllm" else None)
 
 
 def check_moved(overrides: list[str]) -> None:

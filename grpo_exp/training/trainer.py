@@ -42,7 +42,7 @@ class LossTerm(Protocol):
 def grpo_config(train_cfg, output_dir: str | Path, reward_weights: list[float], report_to: list[str],
                 plan: SpeedPlan) -> GRPOConfig:
     """Map `cfg.train` onto GRPOConfig (names are shared, so this is mostly a copy), with the speed plan's
-    precision and, on the engine's path, its importance-sampling settings."""
+    precision and, on the engine's and vLLM's paths, its importance-sampling settings."""
     return GRPOConfig(**grpo_config_kwargs(train_cfg, output_dir, reward_weights, report_to, plan))
 
 
@@ -62,6 +62,13 @@ def grpo_config_kwargs(train_cfg, output_dir: str | Path, reward_weights: list[f
         # TRL's importance-sampling correction of vLLM rollouts, which the engine turns on
         # (training/rollout/trl_hook.py); with the sampler's log-probs as the old ones there is nothing to weigh against
         kwargs.update(vllm_importance_sampling_correction=plan.is_correction and plan.old_logps == "policy",
+                      vllm_importance_sampling_mode=plan.is_mode, vllm_importance_sampling_clip_max=plan.is_cap)
+    elif plan.generation == "vllm":
+        # TRL's own vLLM, colocated: one engine in each training process on its GPU, its weights synced from the policy
+        # every step; like the engine's copy it samples from other arithmetic than the trained policy, so the same
+        # speed.is_* correction applies (TRL's defaults would be sequence_mask, not the engine's token_truncate)
+        kwargs.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=plan.vllm_memory,
+                      vllm_importance_sampling_correction=plan.is_correction,
                       vllm_importance_sampling_mode=plan.is_mode, vllm_importance_sampling_clip_max=plan.is_cap)
     kwargs.update(extra)
     # transformers only allows bf16 autocast on the CPU when told the run is CPU-only.
@@ -120,16 +127,20 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
     - `_save_checkpoint`: the checkpoint written into a staging directory and renamed into place, with grpo-exp's
       run state, so that a kill leaves the last complete one.
     Public ones: `compute_loss` (the EWC term, the loss guard, the batches whose own forward gives their old
-    log-probs) and `log` (the completions sample, figures measured between steps). It also reads TRL's private
-    state (`_step`, `_buffered_inputs`, `_metrics`, `_logs`; for the engine `_tokenize_prompts`, `_tokenizer`,
-    `_is_vlm`, `_last_loaded_step`), which a TRL upgrade may rename.
+    log-probs) and `log` (the completions sample, figures measured between steps). It relies on TRL's
+    `_compute_loss` and `training_step` (`_step` counts micro-batches), calls HF's `_get_output_dir`, and reads TRL's
+    private state (`_step`, `_buffered_inputs`, `_metrics`, `_logs`; for the engine `_generate`'s rollout_func,
+    `_tokenize_prompts`, `_tokenizer`, `_is_vlm`, `_last_loaded_step`), which a TRL upgrade may rename.
+    tests/training/test_trl_hooks.py records each of these at trl 1.16.0 and fails, naming it and what to re-check,
+    when an upgrade changes one (docs/architecture.md, "TRL's private hooks").
 
     Why it impersonates vLLM: TRL's importance-sampling correction (each token's loss weighed by pi_train /
     pi_sampler, truncated or masked at a cap, after a scoring forward by the policy) runs only when `use_vllm`
     and `vllm_importance_sampling_correction` are set. The engine's copy (a bf16 one, say) is, like vLLM, a
     sampler that is not quite the trained policy, so rollout/trl_hook.enable_is_correction sets those flags and
     stubs vLLM's weight sync (the engine refreshes its copy itself): TRL applies its own correction, no vLLM
-    involved.
+    involved. With speed.generation=vllm TRL's real vLLM samples (colocated, `use_vllm` in GRPOConfig), no engine is
+    built and nothing is impersonated; enable_is_correction refuses a trainer that has a real one.
     """
 
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
@@ -164,7 +175,15 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
             if why_not:
                 logger.info("shared-prefix scoring off for %s; TRL's own forward scores the batch", why_not)
                 plan = dataclasses.replace(plan, shared_prefix=False)
-        # speed.generation=engine: grpo-exp's sampler through TRL's rollout_func (None: TRL's generate)
+        if self.args.use_vllm and plan.generation != "vllm":
+            # train.extra.use_vllm (vLLM's server mode, say): TRL's vLLM samples, not the engine or generate, and the
+            # plan records what ran; the engine declines such a trainer (trl_hook.unsupported_reason)
+            logger.info("train.extra.use_vllm: TRL's vLLM (%s mode) samples, not speed.generation=%s",
+                        self.args.vllm_mode, plan.generation)
+            plan = dataclasses.replace(plan, generation="vllm", rollout_dtype=None, rollout_compile=False,
+                                       rollout_prepack=False, old_logps=None,
+                                       vllm_memory=self.args.vllm_gpu_memory_utilization)
+        # speed.generation=engine: grpo-exp's sampler through TRL's rollout_func (None: TRL's generate or vLLM)
         self.rollout_engine = trl_hook.build_engine(self, plan) if plan.generation == "engine" else None
         if plan.generation == "engine" and self.rollout_engine is None:
             plan = dataclasses.replace(plan, generation="trl", rollout_dtype=None, rollout_compile=False,

@@ -111,12 +111,14 @@ def speed_plan(run_dir: Path, cfg: DictConfig, train: DictConfig) -> tuple[Speed
     resolved (resolved.* in training_settings.json) over the plan resolved now, on this machine."""
     speed = OmegaConf.merge(OmegaConf.structured(SpeedConfig), cfg.get("speed") or {})
     names = {f.name for f in dataclasses.fields(SpeedPlan)}
+    # a plan recorded before a field was added lacks it; such fields have defaults (vllm_memory)
+    required = {f.name for f in dataclasses.fields(SpeedPlan) if f.default is dataclasses.MISSING}
     recorded = _read_json(run_dir / SPEED_PLAN_FILE)
     if recorded:
         values = {k[len("speed."):]: v for k, v in recorded.items() if k[len("speed."):] in names}
-        if set(values) == names:
+        if required <= set(values):
             return SpeedPlan(**values), SPEED_PLAN_FILE
-    plan = resolve(speed, train)
+    plan = resolve(speed, train, available=False)  # a vllm run trained elsewhere is described, not refused
     settings = _read_json(run_dir / SETTINGS_FILE) or {}
     from grpo_exp.training.run_dir import renamed
 
@@ -286,13 +288,15 @@ def groups(export: Export) -> list[tuple[str, dict[str, Any]]]:
     for every run, and the speed plan's."""
     train = train_node(export.cfg)
     recipe = {f.name for f in dataclasses.fields(TrainConfig)} | {"activation_checkpointing"} | set(train.extra or {})
-    speed = {k for k in export.grpo if k.startswith("vllm_importance_sampling_")}
+    # the sampler's keys the plan set (a train.extra.vllm_* key stays with the recipe, where it was given)
+    speed = {k for k in export.grpo if k.startswith("vllm_") or k == "use_vllm"} - recipe
     out = [("the GRPO recipe (train.* and train.extra.*, by GRPOConfig's names)",
             {k: v for k, v in export.grpo.items() if k in recipe}),
            (f"set by grpo-exp for every run (bf16: train.precision as the run resolved it; use_cpu: its device; "
             f"the run wrote its checkpoints to {export.run_dir / 'checkpoints'})",
             {k: v for k, v in export.grpo.items() if k not in recipe | speed}),
-           ("the speed plan's importance-sampling settings", {k: v for k, v in export.grpo.items() if k in speed})]
+           ("the speed plan's vLLM and importance-sampling settings",
+            {k: v for k, v in export.grpo.items() if k in speed})]
     return [(title, keys) for title, keys in out if keys]
 
 

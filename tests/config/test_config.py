@@ -59,7 +59,7 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
     (["reward.weights=[1.0]"], "weights"),
     (["stage=gsm8k", "stage.path=/no/such/gsm8k.jsonl"], "/no/such/gsm8k.jsonl"),
     (["+train.extra.not_a_field=1"], "not_a_field"),
-    (["speed.generation=fast"], "speed.generation='fast' is not valid; choose one of: auto, trl, engine"),
+    (["speed.generation=fast"], "speed.generation='fast' is not valid; choose one of: auto, trl, engine, vllm"),
     (["speed.is_cap=0.5"], "speed.is_cap=0.5 must be a finite number >= 1"),
 ])
 def test_semantic_errors_are_one_line(tmp_path, overrides, needle):

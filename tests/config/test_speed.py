@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from grpo_exp.base import cpu
+from grpo_exp.base.errors import ConfigError
 from grpo_exp.config import speed
 from grpo_exp.config.speed import SpeedConfig, resolve
 from grpo_exp.training.run_dir import resolved_choices
@@ -37,7 +38,8 @@ def test_no_field_of_a_plan_is_auto():
 
 @pytest.mark.parametrize("device,generation,attention,kernel", [("cpu", "engine", "grouped", "autocast"),
                                                                  ("cuda", "trl", "sdpa", "trl")])
-def test_auto_picks_by_device(device, generation, attention, kernel):
+def test_auto_picks_by_device(device, generation, attention, kernel, monkeypatch):
+    monkeypatch.setattr(speed, "vllm_installed", lambda: False)  # with vllm, auto on CUDA is vllm (below)
     plan = plan_of(device=device)
     assert (plan.generation, plan.attention, plan.logprob_kernel) == (generation, attention, kernel)
     # explicit choices stand on either device
@@ -87,6 +89,77 @@ def test_compile_auto_is_where_a_compiler_is(monkeypatch):
     assert not plan_of().rollout_compile and plan_of(rollout_compile=True).rollout_compile
     monkeypatch.setattr(cpu, "compiler_missing", lambda: None)
     assert plan_of().rollout_compile and not plan_of(rollout_compile=False).rollout_compile
+
+
+@pytest.mark.parametrize("device,installed,picked", [("cuda", True, "vllm"), ("cuda", False, "trl"),
+                                                      ("cpu", True, "engine"), ("cpu", False, "engine")])
+def test_auto_samples_with_vllm_only_where_cuda_and_vllm_both_are(monkeypatch, device, installed, picked):
+    monkeypatch.setattr(speed, "vllm_installed", lambda: installed)
+    plan = plan_of(device=device)
+    assert plan.generation == picked
+    assert plan.vllm_memory == (0.3 if picked == "vllm" else None)  # recorded only where vLLM samples
+    if picked == "vllm":  # TRL's path otherwise: no engine copy, no sampler log-probs as the old ones
+        assert (plan.rollout_dtype, plan.old_logps, plan.rollout_compile, plan.rollout_prepack) == (None, None, False,
+                                                                                                    False)
+
+
+@pytest.mark.parametrize("device,installed,why", [
+    ("cpu", True, "this machine has no CUDA device"), ("cpu", False, "this machine has no CUDA device"),
+    ("cuda", False, "the vllm package is not installed (pip install 'grpo-exp[vllm]')")])
+def test_an_explicit_vllm_without_cuda_or_vllm_is_one_line(monkeypatch, device, installed, why):
+    monkeypatch.setattr(speed, "vllm_installed", lambda: installed)
+    expected = (f"speed.generation=vllm needs CUDA and the vllm package; {why}; choose one of: auto, trl, engine, "
+                f"vllm")
+    with pytest.raises(ConfigError) as info:
+        plan_of(device=device, generation="vllm")
+    assert str(info.value) == expected
+    # validate (every entry, before any model loads) says the same, on this machine's device
+    from grpo_exp.config.checks import validate
+
+    monkeypatch.setattr(speed, "_device", lambda: device)
+    with pytest.raises(ConfigError) as info:
+        validate(compose_cfg(["stage=basic", "speed.generation=vllm"], "/tmp/never-written"))
+    assert str(info.value) == expected
+    # a run made elsewhere is described, not refused (grpo-export-trl)
+    assert resolve(SpeedConfig(generation="vllm"), Train(), device=device, available=False).generation == "vllm"
+
+
+def test_an_explicit_vllm_plans_trls_colocated_vllm_with_the_speed_corrections(monkeypatch, tmp_path):
+    from grpo_exp.training.trainer import grpo_config
+
+    monkeypatch.setattr(speed, "vllm_installed", lambda: True)
+    cfg = compose_cfg(["stage=basic", "speed.generation=vllm", "speed.vllm_memory=0.4", "speed.is_mode=token_mask",
+                       "speed.is_cap=2.5"], tmp_path)
+    plan = resolve(cfg.speed, cfg.train, device="cuda")
+    assert (plan.generation, plan.vllm_memory) == ("vllm", 0.4)
+    args = grpo_config(cfg.train, tmp_path, [1.0, 0.2], [], plan)
+    assert args.use_vllm and args.vllm_mode == "colocate" and args.vllm_gpu_memory_utilization == 0.4
+    assert args.vllm_importance_sampling_correction and args.vllm_importance_sampling_mode == "token_mask"
+    assert args.vllm_importance_sampling_clip_max == 2.5
+    # on the other paths TRL's vLLM stays off (the engine only borrows its correction, trl_hook.enable_is_correction)
+    for other in (plan_of(generation="engine"), plan_of(generation="trl", device="cuda"), plan_of(device="cpu")):
+        assert not grpo_config(cfg.train, tmp_path, [1.0, 0.2], [], other).use_vllm
+    assert "use_vllm" not in {k for k, v in dataclasses.asdict(plan).items()}  # the plan names the sampler, not TRL
+
+
+def test_vllm_memory_is_a_share(tmp_path):
+    from grpo_exp.config.checks import validate
+
+    for bad in ("0.0", "1.0", "1.5"):
+        with pytest.raises(ConfigError, match=f"speed.vllm_memory={bad} must be a share"):
+            validate(compose_cfg(["stage=basic", f"speed.vllm_memory={bad}"], tmp_path))
+
+
+def test_a_run_recorded_before_speed_vllm_memory_resumes(tmp_path):
+    """Settings recorded before the key existed (no speed.vllm_memory, no resolved one) resume at its default."""
+    import json
+
+    from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
+
+    recorded = {k: v for k, v in training_settings(compose_cfg(["debug=smoke"], tmp_path)).items()
+                if not k.endswith("speed.vllm_memory")}
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
 
 
 def test_the_settings_record_holds_what_the_plan_resolved(tmp_path):

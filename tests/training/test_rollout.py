@@ -796,17 +796,19 @@ def test_what_the_engine_cannot_serve_falls_back_to_trl(tmp_path, caplog):
 
 def test_a_grpo_step_with_rollout_auto_samples_through_what_auto_resolves_to(tmp_path):
     """On this machine: the engine on a CPU (TRL's correction on for a bf16 copy, off for an exact fp32 one),
-    TRL's `generate` on CUDA."""
+    TRL's vLLM on CUDA where vllm is installed (corrected too), else TRL's `generate`."""
     trainer, seen, losses, moved = one_step(tmp_path, ["speed.generation=auto"])
     engine_expected = not torch.cuda.is_available()
     assert (trainer.rollout_engine is not None) == engine_expected == (trainer.speed_plan.generation == "engine")
-    corrected = engine_expected and trainer.speed_plan.old_logps == "policy"
+    vllm = trainer.speed_plan.generation == "vllm"
+    assert vllm == (torch.cuda.is_available() and speed.vllm_installed()) == bool(trainer.args.use_vllm)
+    corrected = (engine_expected and trainer.speed_plan.old_logps == "policy") or vllm
     assert ("importance_sampling_ratio" in seen[0]) == corrected
     assert losses and math.isfinite(losses[0]) and moved
 
 
 @pytest.mark.parametrize("override,message", [
-    ("speed.generation=vllm", "speed.generation='vllm' is not valid; choose one of: auto, trl, engine"),
+    ("speed.generation=sglang", "speed.generation='sglang' is not valid; choose one of: auto, trl, engine, vllm"),
     ("speed.is_mode=token", "speed.is_mode='token' is not valid"),
     ("speed.is_cap=0.5", "speed.is_cap=0.5 must be"),
     ("speed.rollout_compile=maybe", "speed.rollout_compile='maybe' is not valid"),

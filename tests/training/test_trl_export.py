@@ -131,6 +131,40 @@ def test_a_run_without_a_speed_plan_takes_what_its_settings_record_resolved(tmp_
     assert export.plan.generation == "trl" and export.plan_source.startswith("training_settings.json (resolved.*)")
 
 
+def test_a_vllm_run_exports_trls_colocated_vllm_on_a_machine_without_one(tmp_path, monkeypatch):
+    """A run trained with speed.generation=vllm on a CUDA machine is exported here (no CUDA, no vllm): its plan is
+    read, or resolved without refusing, and TRL reads back use_vllm, colocate mode and the memory share."""
+    from grpo_exp.config import speed
+
+    with monkeypatch.context() as on_a_gpu:  # the run's machine
+        on_a_gpu.setattr(speed, "vllm_installed", lambda: True)
+        on_a_gpu.setattr(speed, "_device", lambda: "cuda")
+        run = tmp_path / "run"
+        cfg = compose_cfg(["debug=smoke", "logger=none", "speed.generation=vllm", "train.precision=fp32"], run)
+        (run / ".hydra").mkdir(parents=True)
+        OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+        (run / "training_settings.json").write_text(json.dumps(training_settings(cfg), default=str))
+        record = resolve(cfg.speed, cfg.train).record()
+    (run / "speed_plan.json").write_text(json.dumps(record))
+    monkeypatch.setattr(speed, "vllm_installed", lambda: False)  # this machine, whatever it has
+    out = tmp_path / "grpo.yaml"
+    assert main([str(run), "--out", str(out)]) == 0
+    (parsed,) = TrlParser((GRPOConfig,)).parse_args_and_config(["--config", str(out)], fail_with_unknown_args=False)
+    assert parsed.use_vllm and parsed.vllm_mode == "colocate" and parsed.vllm_gpu_memory_utilization == 0.3
+    assert parsed.vllm_importance_sampling_mode == "token_truncate"
+    # use_cpu is the run's device (CUDA; transformers pins memory there), which this machine's grpo_config may not say
+    assert parsed.use_cpu is False
+    assert set(differences(trained_with(run, cfg), parsed)) <= {"use_cpu", "dataloader_pin_memory"}
+    assert "use_vllm: true" in out.read_text().split("the speed plan's vLLM")[1]  # in the speed plan's group
+    # a plan recorded before speed.vllm_memory existed is still the run's own
+    del record["speed.vllm_memory"]
+    (run / "speed_plan.json").write_text(json.dumps(record))
+    plan, source = trl_export.speed_plan(run, cfg, cfg.train)
+    assert source == "speed_plan.json" and plan.generation == "vllm" and plan.vllm_memory is None
+    (run / "speed_plan.json").unlink()  # no plan at all: resolved here, vllm kept although this machine lacks it
+    assert trl_export.speed_plan(run, cfg, cfg.train)[0].generation == "vllm"
+
+
 def test_a_curriculum_stage_exports_its_own_settings(tmp_path):
     root, _ = recorded_run(tmp_path, ["debug=smoke", "curriculum=progressive", "ewc.lambda=5"], name="curr")
     stage_dir = root / "2_intermediate"

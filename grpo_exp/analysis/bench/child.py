@@ -249,7 +249,8 @@ def child_main(spec_path: Path) -> int:
         "max_completion_length": a.max_completion_length,
         "gradient_accumulation_steps": a.gradient_accumulation_steps,
         # what sampled the completions (speed.generation=auto resolves by machine; the engine may decline a model)
-        "rollout": "engine" if getattr(trainer, "rollout_engine", None) is not None else "trl",
+        "rollout": ("engine" if getattr(trainer, "rollout_engine", None) is not None
+                    else "vllm" if a.use_vllm else "trl"),
         # the engine's copy (bfloat16, bfloat16 autocast, float32) and whether its Linear weights are packed
         "rollout_copy": getattr(getattr(trainer, "rollout_engine", None), "label", None),
         "rollout_packed": bool(getattr(getattr(trainer, "rollout_engine", None), "packed", None)),

@@ -68,6 +68,10 @@ def enable_is_correction(trainer) -> None:
     exp(old - sampling log-prob), truncated or masked at the cap, per token or per sequence. Its only other use
     of `use_vllm` on the rollout_func path is a weight sync of the vLLM engine, a no-op here: the engine
     refreshes its copy itself (RolloutEngine.sync)."""
+    if trainer.args.use_vllm:
+        # a real vLLM (speed.generation=vllm, train.extra.use_vllm): the stub below would replace its engine, and
+        # its weights would never be synced again
+        raise RuntimeError("the rollout engine's stand-in for vLLM cannot run beside TRL's own vLLM (use_vllm is set)")
     mode = trainer.args.vllm_importance_sampling_mode
     if mode not in IS_MODES:
         raise ValueError(f"unknown importance-sampling mode {mode!r}; choose one of {', '.join(IS_MODES)}")
