@@ -315,3 +315,20 @@ def test_the_adaptive_curriculum_trains_once_and_scores_every_stage(tmp_path):
         assert row["curriculum/mix/basic"] + row["curriculum/mix/intermediate"] == pytest.approx(1.0)
         assert [row[k] for k in row if k.startswith("curriculum/pass_rate/")] in ([0.0], [0.0, 0.0])
     assert "| adaptive |" in result["table"]
+
+
+def test_the_report_reads_the_adaptive_row(tmp_path):
+    """curriculum.json's one row is labelled `adaptive`, not after the first stage, and each stage's reference is
+    the base model (no stage trains after another)."""
+    from grpo_exp.analysis import ewc_summary, plots, runs
+
+    curriculum = {"stages": ["basic", "intermediate"], "mode": "adaptive", "row_labels": ["adaptive"],
+                  "matrix": [[0.6, 0.3]], "base": [0.4, 0.1], "eval_limit": 10, "average_accuracy": 0.45,
+                  "bwt": None}
+    table = runs.curriculum_table({"curriculum": curriculum})
+    assert table.iloc[:, 0].tolist() == ["base", "after adaptive"]
+    sets = ewc_summary.job_sets({"curriculum": curriculum}, None)
+    assert {name: (v["start"], v["final"]) for name, v in sets.items()} == {"basic": (0.4, 0.6),
+                                                                             "intermediate": (0.1, 0.3)}
+    assert ewc_summary.job_row(sets)["basic_gain"] == pytest.approx(0.2)
+    assert plots.plot_curriculum(curriculum, "adaptive", tmp_path / "m.png").is_file()
