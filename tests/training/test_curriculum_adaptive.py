@@ -332,3 +332,30 @@ def test_the_report_reads_the_adaptive_row(tmp_path):
                                                                              "intermediate": (0.1, 0.3)}
     assert ewc_summary.job_row(sets)["basic_gain"] == pytest.approx(0.2)
     assert plots.plot_curriculum(curriculum, "adaptive", tmp_path / "m.png").is_file()
+
+
+def test_the_comparison_experiment_gives_both_curricula_the_same_budget_and_problems(tmp_path):
+    from omegaconf import OmegaConf
+
+    from grpo_exp.training.adaptive_run import adaptive_config
+    from grpo_exp.training.curriculum import compose_stage, stage_overrides
+    from tests.conftest import CONF_DIR
+
+    params = OmegaConf.load(CONF_DIR / "experiment" / "adaptive_vs_progressive.yaml").hydra.sweeper.params
+    assert params["curriculum"] == "progressive,adaptive"
+    jobs = {c: compose_cfg(["experiment=adaptive_vs_progressive", f"curriculum={c}"], tmp_path)
+            for c in ("progressive", "adaptive")}
+    for cfg in jobs.values():
+        validate(cfg)
+    assert list(jobs["adaptive"].curriculum.stages) == list(jobs["progressive"].curriculum.stages)
+    assert jobs["adaptive"].curriculum.eval_limit == jobs["progressive"].curriculum.eval_limit == 200
+    # what each job trains: progressive's stages, and the adaptive run composed as run_adaptive composes it
+    user = ["experiment=adaptive_vs_progressive", "curriculum=adaptive"]
+    stage_cfgs = [compose_stage(stage_overrides(user, s, tmp_path / s, None))
+                  for s in jobs["adaptive"].curriculum.stages]
+    run = adaptive_config(jobs["adaptive"], user, stage_cfgs, tmp_path / "adaptive")
+    validate(run)
+    assert run.train.max_steps == sum(c.train.max_steps for c in stage_cfgs) == 90
+    assert run.train.max_completion_length == max(c.train.max_completion_length for c in stage_cfgs) == 128
+    assert run.curriculum.mode == "adaptive" and run.stage.name == "basic"
+    assert run.train.seed == stage_cfgs[0].train.seed
