@@ -96,3 +96,34 @@ def test_a_short_run_with_replay_logs_each_stages_share(tmp_path):
         assert sum(shares) == pytest.approx(1.0) and all(0 <= s <= 1 for s in shares)
     completions = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
     assert completions and {c["stage"] for c in completions} <= {"basic", "intermediate"}
+
+
+def test_the_curriculum_hands_each_later_stage_its_replay_and_pools(tmp_path, monkeypatch, caplog):
+    """run_curriculum's wiring, with training and scoring stubbed: stage i gets curriculum.replay and the stages
+    before it, and the pools as the curriculum composed them; the first stage trains without replay."""
+    from grpo_exp.training import curriculum
+
+    calls = []
+
+    def fake_train(cfg, step_offset=0, pools=None):
+        calls.append((cfg.stage.name, cfg.curriculum.replay, list(cfg.curriculum.replay_from), pools))
+        return {"steps": 1, "reward_mean_first": 0.0, "reward_mean_last": 0.0}
+
+    def fake_scores(model_cfg, cache_dir, model_dir, stage_cfgs, limit, batch_size, seed):
+        return [({"accuracy": 0.0}, [0] * limit) for _ in stage_cfgs]
+
+    monkeypatch.setattr(curriculum, "train", fake_train)
+    monkeypatch.setattr(curriculum, "_evaluate_dir", fake_scores)
+    monkeypatch.setattr(curriculum.cpu, "apply", lambda cpu_cfg: {})  # the session's threads stay as they are
+    # each stage's own completion length (debug=smoke would give every stage 16)
+    overrides = ["logger=none", "curriculum=progressive", "curriculum.stages=[advanced,basic,intermediate]",
+                 "curriculum.replay=0.4", "curriculum.eval_limit=2"]
+    caplog.set_level("WARNING", logger="grpo_exp")
+    result = curriculum.run_curriculum(compose_cfg(overrides, tmp_path), overrides)
+    assert [c[:3] for c in calls] == [("advanced", 0.0, []), ("basic", 0.4, ["advanced"]),
+                                      ("intermediate", 0.4, ["advanced", "basic"])]
+    assert calls[0][3] is None and sorted(calls[2][3]) == ["advanced", "basic"]
+    assert calls[2][3]["advanced"].name == "advanced"
+    assert result["replay"] == 0.4 and result["mode"] == "sequential"
+    # advanced (128 tokens) replayed into basic (48) and intermediate (64): named, since its answers are cut
+    assert "stage basic replays advanced" in caplog.text and "stage intermediate replays advanced" in caplog.text
