@@ -27,6 +27,11 @@ def job_sets(job: dict, before_after: dict | None) -> dict[str, dict] | None:
         n = curriculum.get("eval_limit") or 0
         final = matrix[-1]
         out = {}
+        if curriculum.get("mode") == "adaptive":  # one run trained every stage: each set's reference is the base
+            base = curriculum.get("base") or [None] * len(final)
+            return {name: {"start": base[j], "final": final[j], "new": True,
+                           "ci": wilson_interval(round(final[j] * n), n) if n else (math.nan, math.nan)}
+                    for j, name in enumerate(stages[: len(final)])}
         for j, name in enumerate(stages[: len(final)]):
             ci = wilson_interval(round(final[j] * n), n) if n else (math.nan, math.nan)
             # an earlier stage's reference is its accuracy right after it was trained (the matrix diagonal)

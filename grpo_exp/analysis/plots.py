@@ -146,7 +146,9 @@ def plot_curriculum(curriculum: dict, title: str, path: Path) -> Path | None:
     matrix = curriculum.get("matrix") or []
     if not stages or not matrix:
         return None
-    rows = ([("base", curriculum["base"])] if curriculum.get("base") else []) + list(zip(stages, matrix))
+    # a sequential curriculum's rows are its stages; an adaptive one's single row is named in row_labels
+    labels = curriculum.get("row_labels") or stages
+    rows = ([("base", curriculum["base"])] if curriculum.get("base") else []) + list(zip(labels, matrix))
     values = [[(r[j] if j < len(r) and r[j] is not None else float("nan")) for j in range(len(stages))]
               for _, r in rows]
     plt = _plt()

@@ -171,7 +171,7 @@ def curriculum_table(job: dict) -> pd.DataFrame | None:
     if not stages or not matrix:
         return None
     rows = ([["base", *cur["base"]]] if cur.get("base") else [])
-    rows += [[f"after {name}", *row] for name, row in zip(stages, matrix)]
+    rows += [[f"after {name}", *row] for name, row in zip(cur.get("row_labels") or stages, matrix)]
     width = len(stages) + 1
     rows = [r + [None] * (width - len(r)) for r in rows]
     return pd.DataFrame(rows, columns=["after \\ evaluated", *stages])

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.recorded import run_config
-from grpo_exp.config.schema import GROUPS, RunConfig
+from grpo_exp.config.schema import GROUPS, CurriculumConfig, RunConfig
 from grpo_exp.config.speed import check_generation
 
 
@@ -25,6 +25,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} measures forgetting of a previous stage, "
                           f"but there is none: set init_from=<run dir of that stage> or run a curriculum")
     _check_init_split(cfg)
+    _check_adaptive(cfg)
     if ev.forgetting_sets and not ev.every_steps:
         raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} is measured every eval.every_steps, "
                           f"which is off (null); set eval.every_steps=<N>")
@@ -44,6 +45,20 @@ def _check_speed(cfg: Any) -> None:
             and not speed.is_mode.startswith("token")):
         raise ConfigError(f"train.loss_type=vespo needs a token-level speed.is_mode (token_truncate or token_mask), "
                           f"not {speed.is_mode}")
+
+
+def _check_adaptive(cfg: Any) -> None:
+    """curriculum.mode=adaptive weighs each stage by its pass rate, read from a 0/1 correctness reward."""
+    if cfg.curriculum.mode == "adaptive":
+        funcs = list(cfg.reward.funcs)
+        rewards = CurriculumConfig.PASS_REWARDS
+        if not set(rewards) & set(funcs):
+            raise ConfigError(f"curriculum.mode=adaptive reads each stage's pass rate from a correctness reward "
+                              f"({' or '.join(rewards)}), which reward.funcs={funcs} lacks; choose reward=math, "
+                              f"correctness, shaped or strict")
+        if not cfg.curriculum.stages:
+            raise ConfigError("curriculum.mode=adaptive needs the stages to mix: set curriculum.stages=[...] "
+                              "(curriculum=adaptive lists basic, intermediate and advanced)")
 
 
 def init_chain(init_from: str | None):

@@ -4,6 +4,11 @@ entry above the diagonal is a stage's accuracy before it trains), average accura
 Lopez-Paz & Ranzato 2017), forgetting (Chaudhry et al. 2018) and each stage's gain on its own held-out
 problems, paired over problems (interval and McNemar p) from the per-problem results kept in curriculum.json.
 
+`curriculum.replay=r` mixes r of the earlier stages' training prompts into each later stage (training/replay.py).
+`curriculum.mode=adaptive` trains once instead, on every stage's training set with each round's stages drawn by
+their pass rates (training/adaptive.py), for the stages' steps summed, and scores every stage after it: one row of
+the matrix, comparable with a sequential curriculum's last.
+
 Data-parallel (torchrun): every process trains every stage; rank 0 alone evaluates and writes the
 curriculum's files, while the others wait for it at the next stage's first collective."""
 
@@ -31,9 +36,11 @@ _PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resu
 
 
 def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None,
-                    resume: bool = False, earlier: list[str] | None = None, push: bool = False) -> list[str]:
+                    resume: bool = False, earlier: list[str] | None = None, push: bool = False,
+                    replay: float = 0.0, replay_from: list[str] | None = None) -> list[str]:
     """`earlier`: the stages before this one, whose forgetting it tracks (eval.forgetting_sets). `push`: this
-    stage uploads its model/ (push_to_hub: the last stage only, so the hub repo gets the curriculum's result)."""
+    stage uploads its model/ (push_to_hub: the last stage only, so the hub repo gets the curriculum's result).
+    `replay_from`: the earlier stages whose training prompts make up the share `replay` of this one's."""
     kept = [o for o in user_overrides
             if not o.lstrip("+~").split("=", 1)[0].startswith(_PER_STAGE_KEYS) and not o.startswith("hydra")]
     extra = [f"stage={stage}", "curriculum=none", f"paths.output_dir={out_dir}", f"resume={str(resume).lower()}",
@@ -42,6 +49,8 @@ def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_f
         extra.append(f"init_from={init_from}")
     if earlier and init_from:
         extra.append(f"eval.forgetting_sets=[{','.join(earlier)}]")
+    if replay > 0 and replay_from:
+        extra += [f"curriculum.replay={replay}", f"curriculum.replay_from=[{','.join(replay_from)}]"]
     return [*kept, *extra]
 
 
@@ -77,15 +86,19 @@ def stage_gains(stages: list[str], before_first: list[list[int]] | None, rows: l
         before = rows[i - 1][i] if i else (before_first[i] if before_first else None)
         if before is None or i >= len(rows):
             continue
-        after = rows[i][i]
-        n = len(after)
-        only_before = sum(b and not a for b, a in zip(before, after))
-        only_after = sum(a and not b for b, a in zip(before, after))
-        gains.append({"stage": stage, "n": n, "before": sum(before) / n, "after": sum(after) / n,
-                      "gain": (sum(after) - sum(before)) / n,
-                      "gain_ci95": list(paired_difference_interval(only_before, only_after, n)),
-                      "mcnemar_p": mcnemar_exact_p(only_before, only_after)})
+        gains.append(paired_gain(stage, before, rows[i][i]))
     return gains
+
+
+def paired_gain(stage: str, before: list[int], after: list[int]) -> dict:
+    """after - before on the same problems (per-problem correctness, 0/1), with its paired interval and McNemar p."""
+    n = len(after)
+    only_before = sum(b and not a for b, a in zip(before, after))
+    only_after = sum(a and not b for b, a in zip(before, after))
+    return {"stage": stage, "n": n, "before": sum(before) / n, "after": sum(after) / n,
+            "gain": (sum(after) - sum(before)) / n,
+            "gain_ci95": list(paired_difference_interval(only_before, only_after, n)),
+            "mcnemar_p": mcnemar_exact_p(only_before, only_after)}
 
 
 def format_gains(gains: list[dict]) -> str:
@@ -119,8 +132,43 @@ def _evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list,
     return results
 
 
+def _new_result(cfg, stages: list[str]) -> dict:
+    return {"stages": stages, "mode": cfg.curriculum.mode, "ewc_lambda": cfg.ewc["lambda"], "model": cfg.model.name,
+            "seed": cfg.train.seed, "eval_limit": cfg.curriculum.eval_limit, "matrix": [], "base": None,
+            "stage_metrics": [], "correct": {"base": None, "rows": []}}
+
+
+def _score_base(cfg, stage_cfgs: list, earlier: dict | None, result: dict) -> None:
+    """Row `base`: the starting model on every stage (rank 0), or what an interrupted run of the curriculum kept."""
+    if not (cfg.curriculum.eval_base and dist.is_main()):
+        return
+    if earlier and earlier.get("base") and earlier.get("correct", {}).get("base"):
+        result["base"], result["correct"]["base"] = earlier["base"], earlier["correct"]["base"]
+        return
+    base = _evaluate_dir(cfg.model, cfg.paths.cache_dir, cfg.init_from and str(cfg.init_from), stage_cfgs,
+                         cfg.curriculum.eval_limit, cfg.curriculum.eval_batch_size, cfg.train.seed)
+    result["base"] = [m["accuracy"] for m, _ in base]
+    result["correct"]["base"] = [bits for _, bits in base]
+
+
+def _warn_short_completions(stage_cfg, earlier: list[str], earlier_cfgs: list) -> None:
+    """Replayed prompts are answered within this stage's train.max_completion_length, not their own stage's."""
+    length = stage_cfg.train.max_completion_length
+    longer = {s: c.train.max_completion_length for s, c in zip(earlier, earlier_cfgs)
+              if c.train.max_completion_length > length}
+    if longer:
+        logger.warning("stage %s replays %s, trained with longer completions (%s) than its own %d tokens: their "
+                       "replayed answers are cut at %d", stage_cfg.stage.name, ", ".join(longer),
+                       ", ".join(f"{s}: {n}" for s, n in longer.items()), length, length)
+
+
 def run_curriculum(cfg, user_overrides: list[str]) -> dict:
-    """Train every stage of cfg.curriculum.stages in its own subdirectory and write curriculum.json."""
+    """Train every stage of cfg.curriculum.stages in its own subdirectory and write curriculum.json (the adaptive
+    curriculum: run_adaptive)."""
+    if cfg.curriculum.mode == "adaptive":
+        from grpo_exp.training.adaptive_run import run_adaptive
+
+        return run_adaptive(cfg, user_overrides)
     validate(cfg)
     root = Path(cfg.paths.output_dir)
     stages = list(cfg.curriculum.stages)
@@ -131,19 +179,11 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         validate(stage_cfg)  # every stage's settings are checked before the first one trains
     cpu.apply(cfg.cpu)  # before the base evaluation: oversubscribed threads spin and crawl
 
-    result = {"stages": stages, "ewc_lambda": cfg.ewc["lambda"], "model": cfg.model.name, "seed": cfg.train.seed,
-              "eval_limit": limit, "matrix": [], "base": None, "stage_metrics": [],
-              "correct": {"base": None, "rows": []}}
+    result = _new_result(cfg, stages)
+    result["replay"] = cfg.curriculum.replay
     earlier = _earlier_result(root, stages) if cfg.resume else None
     main = dist.is_main()
-    if cfg.curriculum.eval_base and main:
-        if earlier and earlier.get("base") and earlier.get("correct", {}).get("base"):
-            result["base"], result["correct"]["base"] = earlier["base"], earlier["correct"]["base"]
-        else:
-            base = _evaluate_dir(cfg.model, cfg.paths.cache_dir, cfg.init_from and str(cfg.init_from), stage_cfgs,
-                                 limit, batch, cfg.train.seed)
-            result["base"] = [m["accuracy"] for m, _ in base]
-            result["correct"]["base"] = [bits for _, bits in base]
+    _score_base(cfg, stage_cfgs, earlier, result)
     previous = cfg.init_from
     step_offset = 0
     for i, stage in enumerate(stages):
@@ -161,10 +201,14 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         # forgetting of every earlier stage, measured during this one (needs the periodic evaluation)
         tracked = stages[:i] if cfg.curriculum.track_forgetting and cfg.eval.every_steps else None
         push = bool(cfg.get("push_to_hub")) and i == len(stages) - 1
+        replayed = stages[:i] if cfg.curriculum.replay > 0 else None
         stage_cfg = compose_stage(stage_overrides(user_overrides, stage, out_dir, previous, bool(cfg.resume), tracked,
-                                                  push))
+                                                  push, cfg.curriculum.replay, replayed))
+        pools = {s: c.stage for s, c in zip(stages[:i], stage_cfgs[:i])} if replayed else None
+        if replayed:
+            _warn_short_completions(stage_cfg, stages[:i], stage_cfgs[:i])
         logger.info("curriculum stage %d/%d: %s -> %s", i + 1, len(stages), stage, out_dir)
-        metrics = train(stage_cfg, step_offset=step_offset)
+        metrics = train(stage_cfg, step_offset=step_offset, pools=pools)
         step_offset += metrics["steps"]
         previous = str(out_dir)
         if not main:

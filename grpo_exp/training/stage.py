@@ -35,6 +35,7 @@ from grpo_exp.core import data, models, rewards
 from grpo_exp.training import checkpoints, ewc, lora
 from grpo_exp.training.guards import GracefulStop, NonFiniteError
 from grpo_exp.training.model_card import write_cards
+from grpo_exp.training.replay import mixed_examples
 from grpo_exp.training.run_dir import RunLock, record_or_compare
 from grpo_exp.training.trainer import build_trainer, completions_per_step
 
@@ -94,9 +95,14 @@ class StageParts:
     adapter_from: Path | None = None  # peft=lora: init_from's adapter/ this stage continues, else None
 
 
-def prepare(cfg) -> StageParts:
+def prepare(cfg, pools: dict[str, Any] | None = None) -> StageParts:
     """Seeded rewards, training problems and model (from init_from when set) with the EWC state it
     carries; the EWC state is loaded before the model so a missing Fisher fails before anything heavy.
+
+    A curriculum's replay or adaptive run trains on several stages' problems (training/replay.py), each tagged with
+    its stage; `pools` (stage name -> stage node) are the stages as the curriculum composed them. The EWC Fisher is
+    estimated on the stage's own problems under replay (the earlier stages' Fishers are in the carried state), on
+    all of them in an adaptive run.
 
     peft=lora wraps the model in an adapter: a fresh one, or init_from's when that run trained one (it is
     then continued on the base model it was trained on; see training/lora.py)."""
@@ -109,7 +115,13 @@ def prepare(cfg) -> StageParts:
     seed_everything(cfg.train.seed)
     reward_funcs, reward_weights = rewards.build(list(cfg.reward.funcs), _weights(cfg))
     train_examples = stage_examples(cfg, "train")
-    train_dataset = data.to_dataset(train_examples, cfg.reward.system_prompt)
+    mixed = mixed_examples(cfg, train_examples, pools)
+    if mixed is None:
+        train_dataset = data.to_dataset(train_examples, cfg.reward.system_prompt)
+    else:
+        train_dataset = data.to_dataset(mixed, cfg.reward.system_prompt, stage_column=True)
+        if cfg.curriculum.mode == "adaptive":
+            train_examples = mixed
     if adapter_from is not None:  # on the base model it was trained on, not on init_from's merged model/
         model, tokenizer = lora.load_base(cfg, adapter_from)
     else:
@@ -124,12 +136,12 @@ def prepare(cfg) -> StageParts:
                       ewc_state, penalty, adapter_from)
 
 
-def train(cfg, step_offset: int = 0) -> dict:
+def train(cfg, step_offset: int = 0, pools: dict[str, Any] | None = None) -> dict:
     """Load, train, save (and estimate the Fisher when EWC is on). Returns metrics.json's content.
 
     The config is checked by the entrypoint (or the curriculum) that composed it. With `resume` set,
     a finished stage returns its metrics untouched and an unfinished one continues from its last
-    complete checkpoint.
+    complete checkpoint. `pools`: the curriculum's stage nodes a mixed training set draws from (prepare).
     """
     models.check_available(cfg.model, cfg.paths.cache_dir)
     run_dir = Path(cfg.paths.output_dir)
@@ -142,13 +154,13 @@ def train(cfg, step_offset: int = 0) -> dict:
     # rank 0); its failure to get it fails every rank with the same line.
     lock = dist.on_main(claim, share=False)
     try:
-        return _train_locked(cfg, run_dir, step_offset)
+        return _train_locked(cfg, run_dir, step_offset, pools)
     finally:
         if dist.is_main():
             lock.release()
 
 
-def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
+def _train_locked(cfg, run_dir: Path, step_offset: int, pools: dict[str, Any] | None) -> dict:
     plan = resolve_speed(cfg.speed, cfg.train)  # once: the settings record and the trainer read the same plan
     finished, resume_from = dist.on_main(lambda: _open_run_dir(cfg, run_dir, plan))  # the files are rank 0's to change
     if finished is not None:
@@ -157,7 +169,7 @@ def _train_locked(cfg, run_dir: Path, step_offset: int) -> dict:
     reset_peak_rss()  # this stage's peak, not the process's (sweep jobs share one process)
 
     threads = cpu.apply(cfg.cpu)
-    parts = prepare(cfg)
+    parts = prepare(cfg, pools)
     # TRL gathers its logged figures over the processes, so the step's completions are all N processes' ones
     monitor = MonitorCallback(run_dir / "history.jsonl", completions_per_step(cfg.train) * dist.world_size(),
                               step_offset=step_offset, stage=cfg.stage.name,
@@ -314,6 +326,8 @@ class StageRun:
                 trainer._load_from_checkpoint(str(resume_from))
                 trainer.state = TrainerState.load_from_json(str(resume_from / "trainer_state.json"))
             else:
+                if resume_from is not None:  # the adaptive curriculum's pass rates, as the checkpoint left them
+                    trainer.restore_mix(resume_from, checkpoints.STATE_FILE)
                 trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         except NonFiniteError as err:
             raise TrainingHalted(str(err)) from None

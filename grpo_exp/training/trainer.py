@@ -21,7 +21,9 @@ from grpo_exp.base.io import disk_full_reason, state_bytes
 from grpo_exp.config.speed import SpeedPlan, resolve
 from grpo_exp.kernels import attention, embedding_grad, lean_reference, lean_saved
 from grpo_exp.training import checkpoints, guards, shared_prefix
+from grpo_exp.training.adaptive import AdaptiveSampler, StageMix, StageMixing, lag_rounds, pass_column
 from grpo_exp.training.dynamic_sampling import DynamicSampling
+from grpo_exp.training.replay import mix_stages
 from grpo_exp.training.rollout import importance, trl_hook
 from grpo_exp.training.rollout.old_logps import padded_logps
 
@@ -106,10 +108,11 @@ class EpochSeededSampler(RepeatSampler):
         return super().__iter__()
 
 
-class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
+class GrpoExpTrainer(StageMixing, DynamicSampling, GRPOTrainer):
     """TRL's GRPOTrainer with what TRL does not do on its own: an extra loss term (EWC), shared-prefix scoring,
     grpo-exp's rollout engine (training/rollout/), the guards (training/guards.py), dynamic sampling
-    (training/dynamic_sampling.py, a mixin), atomic checkpoints and a `completions.jsonl` sample.
+    (training/dynamic_sampling.py, a mixin), a training set that mixes stages (training/adaptive.py, a mixin: replay's
+    and the adaptive curriculum's figures, the adaptive sampler), atomic checkpoints and a `completions.jsonl` sample.
 
     Private methods of TRL's it overrides (the last three are HF Trainer's, overridden by TRL in turn):
     - `_get_per_token_logps_and_entropies`: every scoring forward passes here, so that the sampler's log-probs can
@@ -123,7 +126,7 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
     - `_prepare_inputs`: a new round clears the non-finite guard, and a deferred round is scored batch by batch
       (`_score_round`) once TRL has split it into batches.
     - `_get_train_sampler`: TRL's RepeatSampler reseeded per epoch, so that a resumed run draws an uninterrupted
-      run's order.
+      run's order; the adaptive curriculum's sampler in its place (curriculum.mode=adaptive).
     - `_save_checkpoint`: the checkpoint written into a staging directory and renamed into place, with grpo-exp's
       run state, so that a kill leaves the last complete one.
     Public ones: `compute_loss` (the EWC term, the loss guard, the batches whose own forward gives their old
@@ -145,9 +148,11 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
 
     def __init__(self, *args, extra_loss: LossTerm | None = None, completions_path: str | Path | None = None,
                  completions_every: int = 5, on_nonfinite: str = "stop", run_state: dict | None = None,
-                 plan: SpeedPlan, dynamic_draws: int | None = None, **kwargs):
+                 plan: SpeedPlan, dynamic_draws: int | None = None, mix_stages: list[str] | None = None,
+                 stage_mix: StageMix | None = None, **kwargs):
         self.on_nonfinite = on_nonfinite
         self.dynamic_draws = dynamic_draws  # train.dynamic_sampling_max_draws; None: dynamic sampling off
+        self.mix_stages, self.stage_mix = mix_stages, stage_mix  # a training set of several stages (adaptive.py)
         # on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that
         # trains on it), a NaN/inf loss the rest of its round; poisoned steps change no parameter or state
         self._round_poisoned: str | None = None  # why the current generation round is poisoned
@@ -156,6 +161,10 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
         kwargs["reward_funcs"] = [guards.guard_reward(self, f) for f in kwargs["reward_funcs"]]
         super().__init__(*args, **kwargs)
         self.add_callback(guards.DropPoisonedUpdates(self))
+        if stage_mix is not None:
+            pass_column(list(self.reward_func_names))  # the reward it reads passes from, or one line saying so
+            stage_mix.lag = lag_rounds(self.args.gradient_accumulation_steps,
+                                       self.args.steps_per_generation * self.num_iterations)
         if self.ref_model is not None:
             # TRL loads the KL reference afresh, with transformers' attention; with the policy's attention the
             # KL at a step where the two hold the same weights is 0, not a rounding difference
@@ -328,6 +337,9 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
 
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
+        if self.stage_mix is not None:  # same fields; each round's prompts drawn by the stages' pass rates
+            dataset = self.train_dataset if dataset is None else dataset
+            return AdaptiveSampler.wrap(sampler, self.stage_mix, list(dataset["stage"]))
         sampler.__class__ = EpochSeededSampler  # same fields; only the per-epoch seeding differs
         return sampler
 
@@ -415,7 +427,8 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
             if not main:
                 return
             written = staging / final.name
-            checkpoints.write_state(written, {**self.run_state, "global_step": self.state.global_step})
+            checkpoints.write_state(written, {**self.run_state, **self.mix_state(),
+                                              "global_step": self.state.global_step})
             checkpoints.publish(written, final)
         except Exception as err:
             # before the cleanup below frees the partial write's space; a checkpoint holds the weights and
@@ -452,6 +465,7 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
 
     def _write_completions(self, step: int) -> None:
         rewards = {name: list(vals) for name, vals in self._logs["rewards"].items()}
+        stages = list(self._logs["extra"].get("stage", []))  # a training set of several stages: each row's
         with self.completions_path.open("a") as fh:
             for i, (prompt, completion) in enumerate(zip(self._logs["prompt"], self._logs["completion"])):
                 row = {
@@ -461,6 +475,8 @@ class GrpoExpTrainer(DynamicSampling, GRPOTrainer):
                     "rewards": {name: vals[i] for name, vals in rewards.items() if i < len(vals)},
                     "advantage": self._logs["advantages"][i] if i < len(self._logs["advantages"]) else None,
                 }
+                if i < len(stages):
+                    row["stage"] = stages[i]
                 fh.write(json.dumps(row) + "\n")
 
 
@@ -494,6 +510,8 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
         run_state=run_state,
         plan=plan,
         dynamic_draws=cfg.train.dynamic_sampling_max_draws if cfg.train.dynamic_sampling else None,
+        mix_stages=mix_stages(cfg),
+        stage_mix=StageMix.from_config(cfg.curriculum) if cfg.curriculum.mode == "adaptive" else None,
     )
 
 

@@ -61,8 +61,9 @@ def build_examples(dataset: str, split: str, *, size: int, seed: int, path: str 
     return examples[:size] if size > 0 else examples
 
 
-def to_dataset(examples: list[dict], system_prompt: str) -> "datasets.Dataset":
-    """A ``datasets.Dataset`` with conversational ``prompt`` plus ``answer``/``question``/``level``."""
+def to_dataset(examples: list[dict], system_prompt: str, stage_column: bool = False) -> "datasets.Dataset":
+    """A ``datasets.Dataset`` with conversational ``prompt`` plus ``answer``/``question``/``level``; with
+    `stage_column`, also each example's ``stage`` (a curriculum's mixed training set: replay, adaptive)."""
     import datasets  # heavy import, only needed when a dataset is actually built
 
     string = datasets.Value("string")
@@ -72,6 +73,7 @@ def to_dataset(examples: list[dict], system_prompt: str) -> "datasets.Dataset":
         "answer": string,
         "question": string,
         "level": string,
+        **({"stage": string} if stage_column else {}),
     })
     columns = {
         "prompt": [to_messages(ex["question"], system_prompt) for ex in examples],
@@ -79,6 +81,8 @@ def to_dataset(examples: list[dict], system_prompt: str) -> "datasets.Dataset":
         "question": [ex["question"] for ex in examples],
         "level": [ex["level"] for ex in examples],
     }
+    if stage_column:
+        columns["stage"] = [ex["stage"] for ex in examples]
     # The fingerprint is a hash of the content, given up front: `from_dict` would pickle the Arrow table
     # with dill to make one, which fails on some pyarrow/Python pairs (seen on Python 3.12, pyarrow 26).
     import hashlib
