@@ -14,7 +14,7 @@ import statistics
 
 import pandas as pd
 
-from grpo_exp.evaluation.stats import mcnemar_exact_p, paired_difference_interval
+from grpo_exp.evaluation.stats import paired_bits
 
 
 def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict]]:
@@ -30,14 +30,7 @@ def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict
 
 def _pooled_pair(pairs: list[tuple[list[int], list[int]]]) -> dict:
     """Paired comparison of (before, after) per-problem results pooled over seeds."""
-    before = [b for bs, _ in pairs for b in bs]
-    after = [a for _, as_ in pairs for a in as_]
-    n = len(after)
-    only_before = sum(b and not a for b, a in zip(before, after))
-    only_after = sum(a and not b for b, a in zip(before, after))
-    low, high = paired_difference_interval(only_before, only_after, n)
-    return {"diff": (sum(after) - sum(before)) / n, "low": low, "high": high, "n": n,
-            "p": mcnemar_exact_p(only_before, only_after)}
+    return paired_bits([b for bs, _ in pairs for b in bs], [a for _, after in pairs for a in after])
 
 
 def _spread(values: list[float]) -> str:

@@ -103,6 +103,17 @@ def paired(a: list[dict], b: list[dict]) -> dict:
             "only_first_correct": only_a, "only_second_correct": only_b, "mcnemar_p": mcnemar_exact_p(only_a, only_b)}
 
 
+def paired_bits(before: list[int], after: list[int]) -> dict:
+    """Paired comparison of two per-problem correctness lists (0/1) of the same problems: `after` minus `before`,
+    its 95% interval and McNemar's exact p."""
+    n = len(after)
+    only_before = sum(bool(b) and not a for b, a in zip(before, after))
+    only_after = sum(bool(a) and not b for b, a in zip(before, after))
+    low, high = paired_difference_interval(only_before, only_after, n)
+    return {"n": n, "before": sum(before) / n, "after": sum(after) / n, "diff": (sum(after) - sum(before)) / n,
+            "low": low, "high": high, "p": mcnemar_exact_p(only_before, only_after)}
+
+
 def t_quantile(p: float, df: int) -> float:
     """The p quantile (p > 0.5) of Student's t with `df` degrees of freedom, by bisection on its exact
     distribution function for whole df (Abramowitz and Stegun 26.7.3-4), so no scipy is needed."""

@@ -25,7 +25,7 @@ from grpo_exp.config.checks import validate
 from grpo_exp.core import models
 from grpo_exp.evaluation.generate import evaluate
 from grpo_exp.evaluation.run import held_out_split
-from grpo_exp.evaluation.stats import mcnemar_exact_p, paired_difference_interval
+from grpo_exp.evaluation.stats import paired_bits
 from grpo_exp.training.stage import finished_metrics, train
 
 logger = log.get_logger(__name__)
@@ -92,13 +92,9 @@ def stage_gains(stages: list[str], before_first: list[list[int]] | None, rows: l
 
 def paired_gain(stage: str, before: list[int], after: list[int]) -> dict:
     """after - before on the same problems (per-problem correctness, 0/1), with its paired interval and McNemar p."""
-    n = len(after)
-    only_before = sum(b and not a for b, a in zip(before, after))
-    only_after = sum(a and not b for b, a in zip(before, after))
-    return {"stage": stage, "n": n, "before": sum(before) / n, "after": sum(after) / n,
-            "gain": (sum(after) - sum(before)) / n,
-            "gain_ci95": list(paired_difference_interval(only_before, only_after, n)),
-            "mcnemar_p": mcnemar_exact_p(only_before, only_after)}
+    pair = paired_bits(before, after)
+    return {"stage": stage, "n": pair["n"], "before": pair["before"], "after": pair["after"], "gain": pair["diff"],
+            "gain_ci95": [pair["low"], pair["high"]], "mcnemar_p": pair["p"]}
 
 
 def format_gains(gains: list[dict]) -> str:
