@@ -10,7 +10,9 @@ stage, paired problem by problem over the seeds both ran: the test of whether a 
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 import pandas as pd
 
@@ -19,13 +21,43 @@ from grpo_exp.evaluation.stats import paired_bits
 
 def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict]]:
     """(method label, curriculum.json) of each finished curriculum job with per-problem results."""
-    out = []
+    return [(label, cur) for label, cur, _ in _finished(jobs, labels)]
+
+
+def _finished(jobs: list[dict], labels: list[str]):
     for job, label in zip(jobs, labels):
         cur = job.get("curriculum") or {}
         rows = (cur.get("correct") or {}).get("rows") or []
         if cur.get("stages") and len(rows) == len(cur["stages"]):
-            out.append((label or "default", cur))
-    return out
+            yield label or "default", cur, job
+
+
+def _job_minutes(job: dict) -> float | None:
+    """The whole job's wall time (status.json, written by the task wrapper), evaluations included."""
+    path = Path(job["row"]["dir"]) / "status.json"
+    try:
+        duration = json.loads(path.read_text()).get("duration_s")
+    except (OSError, ValueError):
+        return None
+    return duration / 60 if duration else None
+
+
+def gains_by_job(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
+    """One row per job and stage: the stage's accuracy before it trained and after, paired, and the job's minutes."""
+    rows = []
+    for method, cur, job in _finished(jobs, labels):
+        minutes = _job_minutes(job)
+        for i, stage in enumerate(cur["stages"]):
+            pair = _stage_pairs(cur, i)
+            if pair is None:
+                continue
+            g = paired_bits(*pair)
+            rows.append({"method": method, "seed": cur.get("seed"), "stage": stage, "n": g["n"],
+                         "before": f"{g['before']:.3f}", "after": f"{g['after']:.3f}",
+                         "gain [paired 95% CI]": f"{g['diff']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]",
+                         "McNemar p": f"{g['p']:.2g}",
+                         "job minutes": f"{minutes:.1f}" if minutes is not None and i == 0 else ""})
+    return pd.DataFrame(rows)
 
 
 def _pooled_pair(pairs: list[tuple[list[int], list[int]]]) -> dict:

@@ -18,7 +18,7 @@ from grpo_exp.base.text import markdown_table
 
 
 # the tables' names, as `grpo-report --table` takes them, in the order reports give them
-NAMES = ("before_after", "seeds", "continual", "continual_vs_baseline", "reward_fifths", "validation_accuracy")
+NAMES = ("before_after", "seeds", "stage_gains", "continual", "continual_vs_baseline", "reward_fifths", "validation_accuracy")
 
 
 @dataclass
@@ -168,7 +168,13 @@ def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section
     table = continual.continual_table(jobs, seed_labels)
     if table.empty:
         return []
-    out = [Section("continual", "Continual learning: each method over seeds",
+    out = [Section("stage_gains", "Each stage's gain, job by job",
+                   "Each curriculum job's stages: greedy accuracy on the stage's held-out problems before it "
+                   "trained (the model that entered it: the start model for the first stage, the previous "
+                   "stage's for the others) and after, paired over the same problems, with McNemar's exact p. "
+                   "`job minutes`: the whole job's wall time (status.json), every evaluation included.",
+                   continual.gains_by_job(jobs, seed_labels)),
+           Section("continual", "Continual learning: each method over seeds",
                    "From each curriculum run's curriculum.json (greedy accuracy on its held-out problems, "
                    "`curriculum.eval_limit` per stage, `eval.split`'s split). `<stage> final`: after the last stage, "
                    "mean (min..max) over seeds; `<stage> gain`: after training the stage minus before it (the "

@@ -51,9 +51,18 @@ def test_runs_without_per_problem_results_make_no_table():
     assert continual.continual_table([_job(old)], ["x"]).empty
     assert tables.continual_sections([_job(old)], ["x"]) == []
     names = [s.name for s in tables.continual_sections([_job(c) for c in PLAIN + KEEP], ["p", "p", "e", "e"])]
-    assert names == ["continual", "continual_vs_baseline"]
+    assert names == ["stage_gains", "continual", "continual_vs_baseline"]
 
 
-@pytest.mark.parametrize("name", ["continual", "continual_vs_baseline"])
+def test_gains_by_job_list_each_stage_with_the_jobs_minutes(tmp_path):
+    (tmp_path / "status.json").write_text('{"status": "completed", "duration_s": 1800}')
+    job = {"curriculum": PLAIN[0], "row": {"dir": str(tmp_path)}}
+    table = continual.gains_by_job([job], ["plain"])
+    assert list(table["stage"]) == ["a", "b"]
+    assert list(table["before"]) == ["0.250", "0.250"] and list(table["after"]) == ["0.750", "1.000"]
+    assert list(table["job minutes"]) == ["30.0", ""]
+
+
+@pytest.mark.parametrize("name", ["stage_gains", "continual", "continual_vs_baseline"])
 def test_tables_are_named_for_grpo_report(name):
     assert name in tables.NAMES
