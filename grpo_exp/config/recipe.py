@@ -121,8 +121,8 @@ def _check_policy_loss(train: Any) -> None:
     require(_finite_at_least_0(train.epsilon), f"train.epsilon={train.epsilon} must be a finite number >= 0 (the "
                                                f"ratio is clipped to [1 - epsilon, 1 + epsilon_high])")
     require(train.epsilon_high is None or _finite_at_least_0(train.epsilon_high),
-            f"train.epsilon_high={train.epsilon_high} must be a finite number >= 0 (the upper clip is 1 + epsilon_high; "
-            f"DAPO's clip-higher uses 0.28) or null (train.epsilon's value)")
+            f"train.epsilon_high={train.epsilon_high} must be a finite number >= 0 (the upper clip is "
+            f"1 + epsilon_high; DAPO's clip-higher uses 0.28) or null (train.epsilon's value)")
     require_choice("train.importance_sampling_level", train.importance_sampling_level,
                    TrainConfig.IMPORTANCE_SAMPLING_LEVELS)
     require(_finite_at_least_0(train.entropy_coef),
