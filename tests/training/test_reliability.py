@@ -414,6 +414,24 @@ def test_a_record_from_before_the_speed_group_resumes_under_the_new_names(tmp_pa
                                       tmp_path), tmp_path)
 
 
+def test_a_run_recorded_with_train_extra_options_resumes_under_their_train_keys(tmp_path):
+    """train.epsilon_high and the other policy-loss options were train.extra.* before they were train.* keys: a run
+    recorded with +train.extra.epsilon_high=0.28 resumes with train.epsilon_high=0.28 (the spelling the config
+    check now asks for), and another value is named by its train.* key."""
+    from grpo_exp.training.run_dir import SETTINGS_FILE, record_or_compare, training_settings
+
+    recorded = {k: v for k, v in training_settings(compose_cfg(["debug=smoke"], tmp_path)).items()
+                if k not in ("train.epsilon_high", "train.importance_sampling_level", "train.entropy_coef",
+                             "train.top_entropy_quantile")}  # keys such a record did not have
+    recorded["train.extra.epsilon_high"] = 0.28
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true", "train.epsilon_high=0.28"], tmp_path), tmp_path)
+    with pytest.raises(ConfigError, match=r"train.epsilon_high \(0.28 -> 0.3\)"):
+        record_or_compare(compose_cfg(["debug=smoke", "resume=true", "train.epsilon_high=0.3"], tmp_path), tmp_path)
+    with pytest.raises(ConfigError, match=r"train.epsilon_high \(0.28 -> None\)"):
+        record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
+
+
 @pytest.mark.parametrize("key,before", [("speed.attention", "sdpa"), ("speed.logprob_kernel", "trl")])
 def test_resume_of_a_run_older_than_an_option_whose_default_changed(tmp_path, key, before):
     """A run recorded before the option existed trained as its first behaviour did (sdpa; TRL's kernel), not

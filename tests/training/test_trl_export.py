@@ -58,9 +58,11 @@ def differences(expected: GRPOConfig, parsed: GRPOConfig) -> dict:
 CASES = {
     "smoke": ["debug=smoke"],  # the rollout engine, wandb offline
     "gsm8k_trl_fp32": ["debug=smoke", "stage=gsm8k", "speed=trl", "train.precision=fp32", "logger=none",
-                       "+train.extra.top_entropy_quantile=0.5", "train.learning_rate=3e-5"],
+                       "train.top_entropy_quantile=0.5", "train.entropy_coef=0.01", "train.learning_rate=3e-5"],
     "lora_bf16_ewc": ["debug=smoke", "peft=lora", "train.precision=bf16", "ewc.lambda=10", "logger=none",
-                      "+train.extra.epsilon_high=0.28", "train.loss_type=grpo", "train.scale_rewards=group"],
+                      "train.epsilon_high=0.28", "train.loss_type=grpo", "train.scale_rewards=group"],
+    "gspo_clip_higher": ["debug=smoke", "ablation=gspo", "train.mask_truncated_completions=true", "logger=none",
+                         "+train.extra.delta=1.5"],
     "default_recipe": ["stage=two_step", "reward=strict", "logger=trackio", "train.precision=bf16",
                        "speed.rollout_dtype=fp32", "speed.old_logps=policy"],
 }
@@ -84,9 +86,20 @@ def test_trl_reads_back_the_grpo_config_the_run_trained_with(tmp_path, case):
     if case == "gsm8k_trl_fp32":
         assert (script.dataset_name, script.dataset_config) == ("openai/gsm8k", "main")
         assert model.attn_implementation == "sdpa" and args.bf16 is False
-        assert args.top_entropy_quantile == 0.5 and args.learning_rate == 3e-5
+        assert args.top_entropy_quantile == 0.5 and args.entropy_coef == 0.01 and args.learning_rate == 3e-5
     else:
         assert script.dataset_name is None
+    if case == "lora_bf16_ewc":
+        assert args.epsilon_high == 0.28
+    if case == "gspo_clip_higher":
+        assert (args.importance_sampling_level, args.loss_type, args.epsilon, args.epsilon_high, args.delta,
+                args.mask_truncated_completions) == ("sequence", "grpo", 3e-4, 4e-4, 1.5, True)
+    # the policy-loss options are written out, at TRL's defaults too, in the recipe's group
+    title, recipe = trl_export.groups(trl_export.build(run))[0]
+    assert title.startswith("the GRPO recipe")
+    for key in ("epsilon_high", "importance_sampling_level", "entropy_coef", "top_entropy_quantile",
+                "mask_truncated_completions"):
+        assert key in recipe and recipe[key] == getattr(expected, key), key
     if case == "lora_bf16_ewc":
         assert model.use_peft and (model.lora_r, model.lora_alpha) == (16, 32)
         assert model.lora_target_modules == list(cfg.peft.target_modules)
@@ -163,6 +176,24 @@ def test_a_vllm_run_exports_trls_colocated_vllm_on_a_machine_without_one(tmp_pat
     assert source == "speed_plan.json" and plan.generation == "vllm" and plan.vllm_memory is None
     (run / "speed_plan.json").unlink()  # no plan at all: resolved here, vllm kept although this machine lacks it
     assert trl_export.speed_plan(run, cfg, cfg.train)[0].generation == "vllm"
+
+
+def test_a_run_recorded_with_train_extra_options_exports_them_as_train_keys(tmp_path):
+    """Runs from before train.epsilon_high and the other policy-loss options were train.* keys recorded them as
+    train.extra.<name>: the export gives TRL the value the run trained with, in the recipe's group."""
+    run, cfg = recorded_run(tmp_path, ["debug=smoke", "logger=none", "+train.extra.epsilon_high=0.28",
+                                       "+train.extra.top_entropy_quantile=0.2", "+train.extra.delta=1.5"])
+    expected = trained_with(run, cfg)  # the run's own build: train.extra passed through to GRPOConfig
+    assert (expected.epsilon_high, expected.top_entropy_quantile) == (0.28, 0.2)
+    export = trl_export.build(run)
+    assert trl_export.train_node(export.cfg).epsilon_high == 0.28
+    assert dict(trl_export.train_node(export.cfg).extra) == {"delta": 1.5}
+    out = tmp_path / "grpo.yaml"
+    assert main([str(run), "--out", str(out)]) == 0
+    (parsed,) = TrlParser((GRPOConfig,)).parse_args_and_config(["--config", str(out)], fail_with_unknown_args=False)
+    assert differences(expected, parsed) == {}
+    title, recipe = trl_export.groups(export)[0]
+    assert title.startswith("the GRPO recipe") and recipe["epsilon_high"] == 0.28 and recipe["delta"] == 1.5
 
 
 def test_a_curriculum_stage_exports_its_own_settings(tmp_path):
