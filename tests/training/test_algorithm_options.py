@@ -42,7 +42,8 @@ from grpo_exp.training.trainer import build_trainer
 from tests.conftest import compose_cfg
 
 logger = logging.getLogger(__name__)
-pytestmark = pytest.mark.usefixtures("test_rewards")
+# slow: the table builds 16 trainers (8 options x 2 paths) and trains a batch on each
+pytestmark = [pytest.mark.usefixtures("test_rewards"), pytest.mark.slow]
 
 PROMPTS, GROUP, LENGTH = 4, 4, 8
 BATCH = 8  # per_device_train_batch_size: the round feeds two batches; the table trains on the first
