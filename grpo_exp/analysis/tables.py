@@ -179,7 +179,7 @@ def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section
                    "`curriculum.eval_limit` per stage, `eval.split`'s split). `<stage> final`: after the last stage, "
                    "mean (min..max) over seeds; `<stage> gain`: after training the stage minus before it (the "
                    "model that entered it), pooled over the seeds' problems, with the paired 95% interval and "
-                   "McNemar's exact p; average accuracy, BWT and maximum forgetting as in docs/curriculum-ewc.md, "
+                   "McNemar's exact p; average accuracy, BWT and maximum forgetting as the curriculum's page defines them, "
                    "mean (min..max) over seeds.", table)]
     versus = continual.against_baseline(jobs, seed_labels)
     if not versus.empty:

@@ -160,11 +160,7 @@ def _warn_short_completions(stage_cfg, earlier: list[str], earlier_cfgs: list) -
 
 def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     """Train every stage of cfg.curriculum.stages in its own subdirectory and write curriculum.json (the adaptive
-    curriculum: run_adaptive)."""
-    if cfg.curriculum.mode == "adaptive":
-        from grpo_exp.training.adaptive_run import run_adaptive
-
-        return run_adaptive(cfg, user_overrides)
+    curriculum, curriculum.mode=adaptive, is adaptive_run.run_adaptive; apps/train.py picks)."""
     validate(cfg)
     root = Path(cfg.paths.output_dir)
     stages = list(cfg.curriculum.stages)

@@ -294,11 +294,11 @@ def test_a_resumed_adaptive_run_draws_the_prompts_an_uninterrupted_one_draws(tmp
 
 @pytest.mark.slow
 def test_the_adaptive_curriculum_trains_once_and_scores_every_stage(tmp_path):
-    from grpo_exp.training.curriculum import run_curriculum
+    from grpo_exp.training.adaptive_run import run_adaptive
 
     overrides = [*FAST, "train.max_steps=1", "curriculum=adaptive", "curriculum.stages=[basic,intermediate]",
                  "curriculum.eval_limit=3", "curriculum.eval_batch_size=3"]
-    result = run_curriculum(compose_cfg(overrides, tmp_path), overrides)
+    result = run_adaptive(compose_cfg(overrides, tmp_path), overrides)
     run = tmp_path / "adaptive"
     assert json.loads((run / "metrics.json").read_text())["steps"] == 2  # the two stages' steps
     saved = json.loads((tmp_path / "curriculum.json").read_text())
