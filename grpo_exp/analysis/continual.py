@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from grpo_exp.evaluation.stats import paired_bits
+from grpo_exp.training.curriculum import stage_gains
 
 
 def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict]]:
@@ -47,15 +48,13 @@ def gains_by_job(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
     rows = []
     for method, cur, job in _finished(jobs, labels):
         minutes = _job_minutes(job)
-        for i, stage in enumerate(cur["stages"]):
-            pair = _stage_pairs(cur, i)
-            if pair is None:
-                continue
-            g = paired_bits(*pair)
-            rows.append({"method": method, "seed": cur.get("seed"), "stage": stage, "n": g["n"],
+        gains = stage_gains(cur["stages"], cur["correct"].get("base"), cur["correct"]["rows"])
+        for i, g in enumerate(gains):
+            low, high = g["gain_ci95"]
+            rows.append({"method": method, "seed": cur.get("seed"), "stage": g["stage"], "n": g["n"],
                          "before": f"{g['before']:.3f}", "after": f"{g['after']:.3f}",
-                         "gain [paired 95% CI]": f"{g['diff']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]",
-                         "McNemar p": f"{g['p']:.2g}",
+                         "gain [paired 95% CI]": f"{g['gain']:+.3f} [{low:+.3f}, {high:+.3f}]",
+                         "McNemar p": f"{g['mcnemar_p']:.2g}",
                          "job minutes": f"{minutes:.1f}" if minutes is not None and i == 0 else ""})
     return pd.DataFrame(rows)
 
