@@ -354,6 +354,10 @@ class CurriculumConfig:
     replay: float = 0.0
     # the earlier stages a stage replays; the curriculum fills it per stage, as it fills eval.forgetting_sets
     replay_from: List[str] = field(default_factory=list)
+    # a run of these stages (its directory) whose finished stages this one shares instead of training them again:
+    # every stage up to the first whose training settings differ, e.g. the first stage for another ewc.lambda or
+    # curriculum.replay on the same seed (training/branch.py)
+    branch_from: Optional[str] = None
     # adaptive: the target band [low, high] of a stage's pass rate (its zone of proximal development)
     band: List[float] = field(default_factory=lambda: [0.2, 0.8])
     pass_rate_decay: float = 0.8  # adaptive: EMA of each stage's pass rate, p <- decay p + (1 - decay) p_round
@@ -388,6 +392,12 @@ class CurriculumConfig:
                     f"curriculum.replay={replay!r} needs earlier stages to replay, but curriculum.stages={stages} "
                     f"has {'a single stage' if stages else 'none'}; list two or more stages (curriculum=progressive) "
                     f"or set curriculum.replay=0")
+        if curriculum.branch_from:
+            require(curriculum.mode == "sequential" and len(curriculum.stages) >= 2,
+                    f"curriculum.branch_from={curriculum.branch_from} takes the first stages of a sequential "
+                    f"curriculum from another run, but this run has curriculum.mode={curriculum.mode} and "
+                    f"curriculum.stages={list(curriculum.stages)}; use it with curriculum=progressive (two or more "
+                    f"stages), or drop it")
         band = list(curriculum.band)
         require(len(band) == 2, f"curriculum.band={band} must be two pass rates [low, high] in [0, 1]")
         require(all(math.isfinite(b) and 0 <= b <= 1 for b in band),

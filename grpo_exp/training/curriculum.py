@@ -26,6 +26,7 @@ from grpo_exp.core import models
 from grpo_exp.evaluation.generate import evaluate
 from grpo_exp.evaluation.run import held_out_split
 from grpo_exp.evaluation.stats import paired_bits
+from grpo_exp.training import branch
 from grpo_exp.training.stage import finished_metrics, train
 
 logger = log.get_logger(__name__)
@@ -130,7 +131,8 @@ def _evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list,
 
 def _new_result(cfg, stages: list[str]) -> dict:
     return {"stages": stages, "mode": cfg.curriculum.mode, "ewc_lambda": cfg.ewc["lambda"], "model": cfg.model.name,
-            "seed": cfg.train.seed, "eval_limit": cfg.curriculum.eval_limit, "matrix": [], "base": None,
+            "seed": cfg.train.seed, "eval_limit": cfg.curriculum.eval_limit, "eval_split": cfg.eval.split,
+            "init_from": cfg.init_from and str(cfg.init_from), "matrix": [], "base": None,
             "stage_metrics": [], "correct": {"base": None, "rows": []}}
 
 
@@ -165,7 +167,7 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     root = Path(cfg.paths.output_dir)
     stages = list(cfg.curriculum.stages)
     limit, batch = cfg.curriculum.eval_limit, cfg.curriculum.eval_batch_size
-    stage_cfgs = [compose_stage(stage_overrides(user_overrides, s, root / f"{i + 1}_{s}", None))
+    stage_cfgs = [compose_stage(stage_overrides(user_overrides, s, branch.stage_dir(root, i, s), None))
                   for i, s in enumerate(stages)]
     for stage_cfg in stage_cfgs:
         validate(stage_cfg)  # every stage's settings are checked before the first one trains
@@ -174,12 +176,16 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     result = _new_result(cfg, stages)
     result["replay"] = cfg.curriculum.replay
     earlier = _earlier_result(root, stages) if cfg.resume else None
+    if cfg.curriculum.branch_from and earlier is None:
+        earlier = _branch(cfg, user_overrides, root, stages, result)
+    if earlier and earlier.get("branched_from"):
+        result["branched_from"] = earlier["branched_from"]
     main = dist.is_main()
     _score_base(cfg, stage_cfgs, earlier, result)
     previous = cfg.init_from
     step_offset = 0
     for i, stage in enumerate(stages):
-        out_dir = root / f"{i + 1}_{stage}"
+        out_dir = branch.stage_dir(root, i, stage)
         done = earlier["stage_metrics"][i] if earlier and i < len(earlier["stage_metrics"]) else None
         kept_bits = earlier.get("correct", {}).get("rows", []) if earlier else []
         if done is not None and i < len(kept_bits) and finished_metrics(out_dir) is not None:
@@ -190,12 +196,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
             step_offset += done["steps"]
             previous = str(out_dir)
             continue
-        # forgetting of every earlier stage, measured during this one (needs the periodic evaluation)
-        tracked = stages[:i] if cfg.curriculum.track_forgetting and cfg.eval.every_steps else None
-        push = bool(cfg.get("push_to_hub")) and i == len(stages) - 1
         replayed = stages[:i] if cfg.curriculum.replay > 0 else None
-        stage_cfg = compose_stage(stage_overrides(user_overrides, stage, out_dir, previous, bool(cfg.resume), tracked,
-                                                  push, cfg.curriculum.replay, replayed))
+        stage_cfg = _stage_config(cfg, user_overrides, stages, i, root, previous)
         pools = {s: c.stage for s, c in zip(stages[:i], stage_cfgs[:i])} if replayed else None
         if replayed:
             _warn_short_completions(stage_cfg, stages[:i], stage_cfgs[:i])
@@ -231,6 +233,29 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     print(f"average accuracy {result['average_accuracy']:.3f}  BWT {_fmt(result['bwt'])}  "
           f"max forgetting {_fmt(result['forgetting_max'])}")
     return result
+
+
+def _stage_config(cfg, user_overrides: list[str], stages: list[str], i: int, root: Path, previous: str | None):
+    """Stage i's config as the curriculum trains it, from `previous` (the model it continues)."""
+    # forgetting of every earlier stage, measured during this one (needs the periodic evaluation)
+    tracked = stages[:i] if cfg.curriculum.track_forgetting and cfg.eval.every_steps else None
+    push = bool(cfg.get("push_to_hub")) and i == len(stages) - 1
+    replayed = stages[:i] if cfg.curriculum.replay > 0 else None
+    return compose_stage(stage_overrides(user_overrides, stages[i], branch.stage_dir(root, i, stages[i]), previous,
+                                         bool(cfg.resume), tracked, push, cfg.curriculum.replay, replayed))
+
+
+def _branch(cfg, user_overrides: list[str], root: Path, stages: list[str], result: dict) -> dict:
+    """curriculum.branch_from: the stages this run shares with that run, taken into root (rank 0; the others
+    wait), as the curriculum.json a resume continues from."""
+    def take() -> None:
+        earlier, shared = branch.shared_stages(
+            cfg, root, stages, lambda i, previous: _stage_config(cfg, user_overrides, stages, i, root, previous),
+            finished_metrics)
+        branch.take_stages(earlier, shared, stages, Path(cfg.curriculum.branch_from), root, result)
+
+    dist.on_main(take, share=False)
+    return _earlier_result(root, stages)
 
 
 def _earlier_result(root: Path, stages: list[str]) -> dict | None:
