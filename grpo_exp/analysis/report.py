@@ -224,9 +224,13 @@ def load_jobs(paths) -> list[dict]:
 
 # ---------------------------------------------------------------- table
 
+# overrides that say where a job's inputs came from, not what it trains: never part of a variant's label
+NOT_A_VARIANT = ("override:curriculum.branch_from",)
+
+
 def swept_keys(df: pd.DataFrame) -> list[str]:
     """Override columns whose value differs between jobs."""
-    cols = [c for c in df.columns if c.startswith("override:")]
+    cols = [c for c in df.columns if c.startswith("override:") and c not in NOT_A_VARIANT]
     if len(df) < 2:
         return cols
     return [c for c in cols if df[c].astype(str).nunique(dropna=False) > 1]

@@ -66,3 +66,15 @@ def test_gains_by_job_list_each_stage_with_the_jobs_minutes(tmp_path):
 @pytest.mark.parametrize("name", ["stage_gains", "continual", "continual_vs_baseline"])
 def test_tables_are_named_for_grpo_report(name):
     assert name in tables.NAMES
+
+
+def test_where_a_branch_took_its_first_stage_is_not_part_of_its_method():
+    import pandas as pd
+
+    from grpo_exp.analysis.report import seed_labels
+
+    df = pd.DataFrame([{"job": str(i), "override:train.seed": seed, "override:ewc.lambda": lam,
+                        "override:curriculum.branch_from": src}
+                       for i, (seed, lam, src) in enumerate([("42", "1000", None), ("1", "1000", None),
+                                                             ("42", "0", "out/0"), ("1", "0", "out/1")])])
+    assert seed_labels(df) == ["ewc.lambda=1000"] * 2 + ["ewc.lambda=0"] * 2
