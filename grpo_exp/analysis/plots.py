@@ -123,13 +123,19 @@ def plot_learning_curve(jobs: list[dict], labels: list[str], path: Path) -> Path
 
 def plot_forgetting_kl(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
     """KL from the previous stage's policy on each earlier stage's prompts (eval.forgetting_sets), one line
-    per variant and earlier stage: how far a later stage moves the policy where it was trained before."""
-    curves = []
+    per label and earlier stage: how far a later stage moves the policy where it was trained before. Jobs that
+    share a label (a method's seeds) make one line, their mean at the steps all of them logged."""
+    runs: dict[tuple[str, str], list[dict]] = {}
     for job, label in zip(jobs, labels):
         keys = sorted({k for r in job["history"] for k in r if k.startswith("forgetting/") and k.endswith("/kl")})
         for key in keys:
-            curves.append((f"{label} ({key.split('/')[1]})", _history_points(job["history"], key)))
-    return _line_plot(curves, "KL(previous stage || now), nats per completion",
+            runs.setdefault((label, key.split("/")[1]), []).append(dict(_history_points(job["history"], key)))
+    curves = []
+    for (label, stage), points in runs.items():
+        steps = sorted(set.intersection(*(set(p) for p in points)))
+        name = f"{label} ({stage})" + (f", mean of {len(points)}" if len(points) > 1 else "")
+        curves.append((name, [(s, sum(p[s] for p in points) / len(points)) for s in steps]))
+    return _line_plot([c for c in curves if c[1]], "KL(previous stage || now), nats per completion",
                       "Forgetting: KL from the previous stage's policy on earlier stages' prompts",
                       out / "forgetting_kl.png", marker="o")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from grpo_exp.analysis import plots, provenance, report
 
-PLOTS = ("learning_curve.png", "reward_curves.png")
+PLOTS = ("learning_curve.png", "reward_curves.png", "forgetting_kl.png")
 
 
 def report_command(dirs: list[str], *options: str) -> str:
@@ -36,7 +36,9 @@ def write_page(dirs: list[str], page: str | Path, machine: str | None = None) ->
     for name in PLOTS:  # a plot the runs no longer make must not linger from an earlier page
         (assets / name).unlink(missing_ok=True)
     made = [plots.plot_learning_curve(jobs, labels, assets / "learning_curve.png"),
-            plots.plot_reward_curves(jobs, labels, assets)]
+            plots.plot_reward_curves(jobs, labels, assets),
+            # one line per method (the swept settings but the seed), over its seeds
+            plots.plot_forgetting_kl(jobs, report.seed_labels(df), assets)]
 
     done = int((df["status"] == "completed").sum())
     lines = [f"# Results: {page.stem}", "",

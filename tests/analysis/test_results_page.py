@@ -224,3 +224,14 @@ def test_page_options_are_checked(tmp_path):
     sweep = _sweep(tmp_path / "sweep", [("none", 1, "validation", 40)])
     proc = _report(sweep, "--table", "seeds")  # one seed: no such table for these runs
     assert proc.returncode == 2 and "no table 'seeds'" in proc.stderr and "reward_fifths" in proc.stderr
+
+
+def test_forgetting_kl_is_one_line_per_method_averaged_over_its_seeds(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plots, "_line_plot", lambda curves, *a, **k: drawn.extend(curves))
+    history = lambda kls: [{"global_step": s, "forgetting/basic/kl": kl} for s, kl in kls]  # noqa: E731
+    jobs = [{"history": history([(110, 1.0), (130, 3.0)])}, {"history": history([(110, 2.0), (130, 5.0), (150, 9.0)])},
+            {"history": history([(110, 0.5)])}]
+    plots.plot_forgetting_kl(jobs, ["plain", "plain", "ewc"], tmp_path)
+    # the seeds' mean at the steps both logged; a method of one seed as it is
+    assert drawn == [("plain (basic), mean of 2", [(110, 1.5), (130, 4.0)]), ("ewc (basic)", [(110, 0.5)])]
