@@ -31,6 +31,8 @@ def write_page(dirs: list[str], page: str | Path, machine: str | None = None) ->
     loaded = report.load_report(dirs)
     jobs, df, labels = loaded["jobs"], loaded["df"], loaded["labels"]
     page = Path(page)
+    # read before the plots are redrawn: new PNGs would make the commit look changed
+    header = provenance.header(jobs, page_command(dirs, page, machine), machine)
     assets = page.with_suffix("")  # docs/results/<name>.md -> docs/results/<name>/
     assets.mkdir(parents=True, exist_ok=True)
     for name in PLOTS:  # a plot the runs no longer make must not linger from an earlier page
@@ -43,7 +45,7 @@ def write_page(dirs: list[str], page: str | Path, machine: str | None = None) ->
     done = int((df["status"] == "completed").sum())
     lines = [f"# Results: {page.stem}", "",
              "<!-- Written by grpo-report from the runs' files; do not edit: rerun the page's command. -->", "",
-             *provenance.header(jobs, page_command(dirs, page, machine), machine),
+             *header,
              f"- **Runs:** {', '.join(f'`{d}`' for d in dirs)}: {len(df)} job{'s' * (len(df) != 1)}, {done} completed",
              ""]
     if report.split_note(df):
