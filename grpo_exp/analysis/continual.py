@@ -1,11 +1,12 @@
-"""The continual-learning table: curriculum runs (curriculum.json) grouped by method (the swept overrides other
-than the seed), over seeds.
+"""The continual-learning table: curriculum runs (curriculum.json) grouped by method, over seeds.
 
-Per method: each stage's final accuracy, average accuracy, backward transfer (BWT), maximum forgetting and each
-stage's gain against the model that entered it. Gains pool the per-problem results of every seed (each seed
-scores its own held-out problems, so pooling adds problems, not repeats): a paired 95% interval and McNemar's
-exact p over all of them. Then each method against the first one (`baseline`) on the final model's accuracy per
-stage, paired problem by problem over the seeds both ran: the test of whether a method's difference is beyond noise.
+A method is named by what its curriculum.json says it ran (plain GRPO, EWC and its lambda, replay and its share),
+then the job's other swept settings but the seed. Per method: each stage's final accuracy, average accuracy,
+backward transfer (BWT), maximum forgetting and each stage's gain against the model that entered it. Gains pool the
+per-problem results of every seed (each seed scores its own held-out problems, so pooling adds problems, not
+repeats): a paired 95% interval and McNemar's exact p over all of them. Then each method against plain GRPO (or,
+without it, the first method) on the final model's accuracy per stage, paired problem by problem over the seeds
+both ran: the test of whether a method's difference is beyond noise.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_exp.analysis.seed_summary import DEFAULTS
 from grpo_exp.evaluation.stats import paired_bits
 from grpo_exp.training.curriculum import stage_gains
 
@@ -30,7 +32,25 @@ def _finished(jobs: list[dict], labels: list[str]):
         cur = job.get("curriculum") or {}
         rows = (cur.get("correct") or {}).get("rows") or []
         if cur.get("stages") and len(rows) == len(cur["stages"]):
-            yield label or "default", cur, job
+            yield method_label(cur, label or "default"), cur, job
+
+
+PLAIN = "plain GRPO"
+# the variant-label parts that method_label says in words (report.variant_labels: "key=value, ...")
+_METHOD_KEYS = ("ewc.lambda=", "curriculum.replay=")
+
+
+def method_label(cur: dict, variant: str) -> str:
+    """The method a curriculum job ran, from its curriculum.json (EWC strength, replay share, adaptive mode), then
+    whatever else its variant label (its swept settings) names; the variant label as it is for a record that does
+    not say its EWC strength."""
+    if "ewc_lambda" not in cur:
+        return variant
+    lam, replay = cur.get("ewc_lambda") or 0, cur.get("replay") or 0
+    method = " + ".join([*([f"EWC lambda {lam:g}"] if lam else []), *([f"replay {replay:g}"] if replay else [])])
+    method = ("adaptive " if cur.get("mode") == "adaptive" else "") + (method or PLAIN)
+    rest = [p for p in variant.split(", ") if not p.startswith(_METHOD_KEYS) and p != DEFAULTS]
+    return ", ".join([method, *rest])
 
 
 def _job_minutes(job: dict) -> float | None:
@@ -44,18 +64,25 @@ def _job_minutes(job: dict) -> float | None:
 
 
 def gains_by_job(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
-    """One row per job and stage: the stage's accuracy before it trained and after, paired, and the job's minutes."""
+    """One row per job and stage: the stage's accuracy before it trained and after, paired, and the job's minutes
+    (on its first row; a branch's stages taken from another run (curriculum.branch_from) say so instead, and its
+    minutes go on the first stage it trained)."""
     rows = []
     for method, cur, job in _finished(jobs, labels):
         minutes = _job_minutes(job)
+        taken = len((cur.get("branched_from") or {}).get("stages") or [])
         gains = stage_gains(cur["stages"], cur["correct"].get("base"), cur["correct"]["rows"])
         for i, g in enumerate(gains):
             low, high = g["gain_ci95"]
+            if i < taken:
+                time = "taken from " + "/".join(Path(cur["branched_from"]["dir"]).parts[-2:])
+            else:
+                time = f"{minutes:.1f}" if minutes is not None and i == taken else ""
             rows.append({"method": method, "seed": cur.get("seed"), "stage": g["stage"], "n": g["n"],
                          "before": f"{g['before']:.3f}", "after": f"{g['after']:.3f}",
                          "gain [paired 95% CI]": f"{g['gain']:+.3f} [{low:+.3f}, {high:+.3f}]",
                          "McNemar p": f"{g['mcnemar_p']:.2g}",
-                         "job minutes": f"{minutes:.1f}" if minutes is not None and i == 0 else ""})
+                         "job minutes": time})
     return pd.DataFrame(rows)
 
 
@@ -110,7 +137,9 @@ def against_baseline(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
         by_method.setdefault(label, {})[cur.get("seed")] = cur
     if len(by_method) < 2:
         return pd.DataFrame()
-    (base_name, base), *others = by_method.items()
+    base_name = next((m for m in by_method if m.split(", ")[0] == PLAIN), next(iter(by_method)))
+    base = by_method[base_name]
+    others = [(m, curs) for m, curs in by_method.items() if m != base_name]
     rows = []
     for method, curs in others:
         seeds = [s for s in curs if s in base]

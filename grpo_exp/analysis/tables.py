@@ -172,7 +172,9 @@ def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section
                    "Each curriculum job's stages: greedy accuracy on the stage's held-out problems before it "
                    "trained (the model that entered it: the start model for the first stage, the previous "
                    "stage's for the others) and after, paired over the same problems, with McNemar's exact p. "
-                   "`job minutes`: the whole job's wall time (status.json), every evaluation included.",
+                   "`job minutes`: the whole job's wall time (status.json), every evaluation included; a stage "
+                   "a job took from another run (`curriculum.branch_from`) names that run instead, and the job's "
+                   "minutes are those of the stages it trained.",
                    continual.gains_by_job(jobs, seed_labels)),
            Section("continual", "Continual learning: each method over seeds",
                    "From each curriculum run's curriculum.json (greedy accuracy on its held-out problems, "
@@ -183,8 +185,9 @@ def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section
                    "mean (min..max) over seeds.", table)]
     versus = continual.against_baseline(jobs, seed_labels)
     if not versus.empty:
-        out.append(Section("continual_vs_baseline", "Continual learning: each method against the first",
-                           "Final accuracy per stage minus the first method's, paired problem by problem over the "
+        out.append(Section("continual_vs_baseline", "Continual learning: each method against the baseline",
+                           "Final accuracy per stage minus the baseline's (`against`: plain GRPO where it ran, else "
+                           "the first method), paired problem by problem over the "
                            "seeds both ran (a seed scores the same problems in every method), with the paired 95% "
                            "interval and McNemar's exact p.", versus))
     return out

@@ -78,3 +78,30 @@ def test_where_a_branch_took_its_first_stage_is_not_part_of_its_method():
                        for i, (seed, lam, src) in enumerate([("42", "1000", None), ("1", "1000", None),
                                                              ("42", "0", "out/0"), ("1", "0", "out/1")])])
     assert seed_labels(df) == ["ewc.lambda=1000"] * 2 + ["ewc.lambda=0"] * 2
+
+
+def test_a_method_is_named_by_what_its_curriculum_ran():
+    ran = lambda lam, replay, mode="sequential": {"ewc_lambda": lam, "replay": replay, "mode": mode}  # noqa: E731
+    assert continual.method_label(ran(0.0, None), "ewc.lambda=0") == "plain GRPO"
+    assert continual.method_label(ran(1000.0, 0.0), "(defaults)") == "EWC lambda 1000"
+    assert continual.method_label(ran(1000.0, 0.2), "curriculum.replay=0.2") == "EWC lambda 1000 + replay 0.2"
+    assert continual.method_label(ran(0.0, 0.2), "ewc.lambda=0, curriculum.replay=0.2, train.beta=0") == \
+        "replay 0.2, train.beta=0"
+    assert continual.method_label(ran(0.0, 0.0, "adaptive"), "curriculum=adaptive") == \
+        "adaptive plain GRPO, curriculum=adaptive"
+    assert continual.method_label({}, "x") == "x"  # a record that does not say what it ran keeps its label
+
+
+def test_plain_grpo_is_the_baseline_wherever_it_comes_in_the_list():
+    ewc = [{**c, "ewc_lambda": 1000.0} for c in KEEP]
+    plain = [{**c, "ewc_lambda": 0.0} for c in PLAIN]
+    versus = continual.against_baseline([_job(c) for c in ewc + plain], ["a", "a", "b", "b"])
+    assert list(versus["method"]) == ["EWC lambda 1000, a"] and versus.iloc[0]["against"] == "plain GRPO, b"
+    assert versus.iloc[0]["a final, difference"].startswith("+0.500 [")
+
+
+def test_a_branch_names_where_its_first_stage_came_from_and_times_the_stages_it_trained(tmp_path):
+    (tmp_path / "status.json").write_text('{"status": "completed", "duration_s": 600}')
+    cur = {**PLAIN[0], "branched_from": {"dir": "/x/ladder/0", "stages": ["a"]}}
+    table = continual.gains_by_job([{"curriculum": cur, "row": {"dir": str(tmp_path)}}], ["plain"])
+    assert list(table["job minutes"]) == ["taken from ladder/0", "10.0"]
