@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from grpo_exp.base import cpu, dist, log
+from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import write_json
 from grpo_exp.base.text import markdown_table
 from grpo_exp.config.checks import validate
@@ -36,14 +37,28 @@ _PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resu
                    "push_to_hub")
 
 
+# what makes a stage that stage: an override of these would turn every stage of a curriculum into one
+_STAGE_IDENTITY = ("name", "dataset", "path", "hub_id", "hub_config")
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
 def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None,
                     resume: bool = False, earlier: list[str] | None = None, push: bool = False,
                     replay: float = 0.0, replay_from: list[str] | None = None) -> list[str]:
     """`earlier`: the stages before this one, whose forgetting it tracks (eval.forgetting_sets). `push`: this
     stage uploads its model/ (push_to_hub: the last stage only, so the hub repo gets the curriculum's result).
     `replay_from`: the earlier stages whose training prompts make up the share `replay` of this one's."""
-    kept = [o for o in user_overrides
-            if not o.lstrip("+~").split("=", 1)[0].startswith(_PER_STAGE_KEYS) and not o.startswith("hydra")]
+    names = [o for o in user_overrides if _key(o).startswith("stage.") and _key(o).split(".")[1] in _STAGE_IDENTITY]
+    if names:
+        raise ConfigError(f"{', '.join(names)}: a curriculum's stages are curriculum.stages, each with its own "
+                          f"{', '.join('stage.' + k for k in _STAGE_IDENTITY)}; list the stages there, or train one "
+                          f"stage (stage=<name>) without a curriculum")
+    # stage.<setting> (sizes, splits) applies to every stage, over each stage's own conf/stage/<name>.yaml
+    kept = [o for o in user_overrides if (_key(o).startswith("stage.") or not _key(o).startswith(_PER_STAGE_KEYS))
+            and not o.startswith("hydra")]
     extra = [f"stage={stage}", "curriculum=none", f"paths.output_dir={out_dir}", f"resume={str(resume).lower()}",
              f"push_to_hub={str(push).lower()}"]
     if init_from:
