@@ -50,7 +50,6 @@ def shared_stages(cfg: Any, root: Path, stages: list[str], stage_config: Callabl
     run_facts = {"model": cfg.model.name, "seed": cfg.train.seed, "eval_limit": cfg.curriculum.eval_limit,
                  "eval_split": cfg.eval.split, "init_from": cfg.init_from and str(cfg.init_from)}
     then = {**earlier, "eval_split": earlier.get("eval_split", _SPLIT_BEFORE_RECORD)}
-    then["init_from"] = earlier.get("init_from")
     changed = [f"{k} ({then.get(k)!r} -> {v!r})" for k, v in run_facts.items() if then.get(k) != v]
     if changed:
         raise ConfigError(f"curriculum.branch_from={source} was run with other settings: {'; '.join(changed)}; "
