@@ -35,6 +35,12 @@ def _finished(jobs: list[dict], labels: list[str]):
             yield method_label(cur, label or "default"), cur, job
 
 
+def method_labels(jobs: list[dict], labels: list[str]) -> list[str]:
+    """Each job's label, as a method name (method_label) for a curriculum job."""
+    return [method_label(job["curriculum"], label) if job.get("curriculum") else label
+            for job, label in zip(jobs, labels)]
+
+
 PLAIN = "plain GRPO"
 # the variant-label parts that method_label says in words (report.variant_labels: "key=value, ...")
 _METHOD_KEYS = ("ewc.lambda=", "curriculum.replay=")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from grpo_exp.analysis import plots, provenance, report
+from grpo_exp.analysis import continual, plots, provenance, report
 
 PLOTS = ("learning_curve.png", "reward_curves.png", "forgetting_kl.png")
 
@@ -40,7 +40,7 @@ def write_page(dirs: list[str], page: str | Path, machine: str | None = None) ->
     made = [plots.plot_learning_curve(jobs, labels, assets / "learning_curve.png"),
             plots.plot_reward_curves(jobs, labels, assets),
             # one line per method (the swept settings but the seed), over its seeds
-            plots.plot_forgetting_kl(jobs, report.seed_labels(df), assets)]
+            plots.plot_forgetting_kl(jobs, continual.method_labels(jobs, report.seed_labels(df)), assets)]
 
     done = int((df["status"] == "completed").sum())
     lines = [f"# Results: {page.stem}", "",

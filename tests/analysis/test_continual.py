@@ -105,3 +105,8 @@ def test_a_branch_names_where_its_first_stage_came_from_and_times_the_stages_it_
     cur = {**PLAIN[0], "branched_from": {"dir": "/x/ladder/0", "stages": ["a"]}}
     table = continual.gains_by_job([{"curriculum": cur, "row": {"dir": str(tmp_path)}}], ["plain"])
     assert list(table["job minutes"]) == ["taken from ladder/0", "10.0"]
+
+
+def test_method_labels_name_curriculum_jobs_by_method_and_leave_the_others():
+    jobs = [_job({**PLAIN[0], "ewc_lambda": 0.0}), {"curriculum": None}]
+    assert continual.method_labels(jobs, ["ewc.lambda=0", "lr=1"]) == ["plain GRPO", "lr=1"]
