@@ -19,7 +19,7 @@ import pandas as pd
 
 from grpo_exp.analysis.seed_summary import DEFAULTS
 from grpo_exp.evaluation.stats import paired_bits
-from grpo_exp.training.curriculum import stage_gains
+from grpo_exp.training.curriculum import stage_gains, stage_pair
 
 
 def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict]]:
@@ -108,9 +108,7 @@ def _gain_cell(g: dict) -> str:
 
 def _stage_pairs(cur: dict, i: int) -> tuple[list[int], list[int]] | None:
     """Stage i's (before, after) per-problem results: the model that entered it, then the one it left."""
-    correct = cur["correct"]
-    before = correct["rows"][i - 1][i] if i else (correct["base"][i] if correct.get("base") else None)
-    return None if before is None else (before, correct["rows"][i][i])
+    return stage_pair(i, cur["correct"].get("base"), cur["correct"]["rows"])
 
 
 def continual_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:

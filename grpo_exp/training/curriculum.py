@@ -97,13 +97,16 @@ def stage_gains(stages: list[str], before_first: list[list[int]] | None, rows: l
     """Each stage's gain on its own held-out problems: after training it (rows[i][i]) against before (the
     previous stage's model, rows[i-1][i]; for the first stage the start model, `before_first`), paired over the
     same problems. Entries are per-problem correctness (0/1) in one fixed order."""
-    gains = []
-    for i, stage in enumerate(stages):
-        before = rows[i - 1][i] if i else (before_first[i] if before_first else None)
-        if before is None or i >= len(rows):
-            continue
-        gains.append(paired_gain(stage, before, rows[i][i]))
-    return gains
+    return [paired_gain(stage, *pair) for i, stage in enumerate(stages)
+            if (pair := stage_pair(i, before_first, rows)) is not None]
+
+
+def stage_pair(i: int, before_first: list[list[int]] | None,
+               rows: list[list[list[int]]]) -> tuple[list[int], list[int]] | None:
+    """Stage i's (before, after) per-problem results: the model that entered it (the previous stage's, or for the
+    first stage the start model, `before_first`), then the one it left; None where either was not scored."""
+    before = rows[i - 1][i] if i else (before_first[i] if before_first else None)
+    return None if before is None or i >= len(rows) else (before, rows[i][i])
 
 
 def paired_gain(stage: str, before: list[int], after: list[int]) -> dict:
@@ -211,8 +214,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
             step_offset += done["steps"]
             previous = str(out_dir)
             continue
-        replayed = stages[:i] if cfg.curriculum.replay > 0 else None
         stage_cfg = _stage_config(cfg, user_overrides, stages, i, root, previous)
+        replayed = list(stage_cfg.curriculum.replay_from)  # the earlier stages _stage_config gave it to replay
         pools = {s: c.stage for s, c in zip(stages[:i], stage_cfgs[:i])} if replayed else None
         if replayed:
             _warn_short_completions(stage_cfg, stages[:i], stage_cfgs[:i])
