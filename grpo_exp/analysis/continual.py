@@ -4,7 +4,9 @@ A method is named by what its curriculum.json says it ran (plain GRPO, EWC and i
 then the job's other swept settings but the seed. Per method: each stage's final accuracy, average accuracy,
 backward transfer (BWT), maximum forgetting and each stage's gain against the model that entered it. Gains pool the
 per-problem results of every seed (each seed scores its own held-out problems, so pooling adds problems, not
-repeats): a paired 95% interval and McNemar's exact p over all of them. Then each method against plain GRPO (or,
+repeats): a paired 95% interval and McNemar's exact p over all of them. An adaptive curriculum
+(curriculum.mode=adaptive) trains every stage in one run: its one row is its final model, and each stage's gain is
+against the start model (it has no order, so no BWT or forgetting). Then each method against plain GRPO (or,
 without it, the first method) on the final model's accuracy per stage, paired problem by problem over the seeds
 both ran: the test of whether a method's difference is beyond noise.
 """
@@ -19,7 +21,7 @@ import pandas as pd
 
 from grpo_exp.analysis.seed_summary import DEFAULTS
 from grpo_exp.evaluation.stats import paired_bits
-from grpo_exp.training.curriculum import stage_gains, stage_pair
+from grpo_exp.training.curriculum import paired_gain, stage_pair
 
 
 def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict]]:
@@ -31,7 +33,7 @@ def _finished(jobs: list[dict], labels: list[str]):
     for job, label in zip(jobs, labels):
         cur = job.get("curriculum") or {}
         rows = (cur.get("correct") or {}).get("rows") or []
-        if cur.get("stages") and len(rows) == len(cur["stages"]):
+        if cur.get("stages") and len(rows) == (1 if _adaptive(cur) else len(cur["stages"])):
             yield method_label(cur, label or "default"), cur, job
 
 
@@ -39,6 +41,10 @@ def method_labels(jobs: list[dict], labels: list[str]) -> list[str]:
     """Each job's label, as a method name (method_label) for a curriculum job."""
     return [method_label(job["curriculum"], label) if job.get("curriculum") else label
             for job, label in zip(jobs, labels)]
+
+
+def _adaptive(cur: dict) -> bool:
+    return cur.get("mode") == "adaptive"
 
 
 PLAIN = "plain GRPO"
@@ -54,8 +60,9 @@ def method_label(cur: dict, variant: str) -> str:
         return variant
     lam, replay = cur.get("ewc_lambda") or 0, cur.get("replay") or 0
     method = " + ".join([*([f"EWC lambda {lam:g}"] if lam else []), *([f"replay {replay:g}"] if replay else [])])
-    method = ("adaptive " if cur.get("mode") == "adaptive" else "") + (method or PLAIN)
-    rest = [p for p in variant.split(", ") if not p.startswith(_METHOD_KEYS) and p != DEFAULTS]
+    method = (method or PLAIN) + (" (adaptive curriculum)" if _adaptive(cur) else "")
+    rest = [p for p in variant.split(", ")
+            if not p.startswith(_METHOD_KEYS) and p != DEFAULTS and not (_adaptive(cur) and p == "curriculum=adaptive")]
     return ", ".join([method, *rest])
 
 
@@ -77,7 +84,8 @@ def gains_by_job(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
     for method, cur, job in _finished(jobs, labels):
         minutes = _job_minutes(job)
         taken = len((cur.get("branched_from") or {}).get("stages") or [])
-        gains = stage_gains(cur["stages"], cur["correct"].get("base"), cur["correct"]["rows"])
+        gains = [paired_gain(stage, *pair) for i, stage in enumerate(cur["stages"])
+                 if (pair := _stage_pairs(cur, i)) is not None]
         for i, g in enumerate(gains):
             low, high = g["gain_ci95"]
             if i < taken:
@@ -107,8 +115,12 @@ def _gain_cell(g: dict) -> str:
 
 
 def _stage_pairs(cur: dict, i: int) -> tuple[list[int], list[int]] | None:
-    """Stage i's (before, after) per-problem results: the model that entered it, then the one it left."""
-    return stage_pair(i, cur["correct"].get("base"), cur["correct"]["rows"])
+    """Stage i's (before, after) per-problem results: the model that entered it, then the one it left (for an
+    adaptive curriculum, which trains every stage at once, the start model and its final model)."""
+    base, rows = cur["correct"].get("base"), cur["correct"]["rows"]
+    if _adaptive(cur):
+        return (base[i], rows[-1][i]) if base else None
+    return stage_pair(i, base, rows)
 
 
 def continual_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:

@@ -171,7 +171,8 @@ def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section
     out = [Section("stage_gains", "Each stage's gain, job by job",
                    "Each curriculum job's stages: greedy accuracy on the stage's held-out problems before it "
                    "trained (the model that entered it: the start model for the first stage, the previous "
-                   "stage's for the others) and after, paired over the same problems, with McNemar's exact p. "
+                   "stage's for the others; for an adaptive curriculum, which trains every stage in one run, the "
+                   "start model) and after, paired over the same problems, with McNemar's exact p. "
                    "`job minutes`: the whole job's wall time (status.json), every evaluation included; a stage "
                    "a job took from another run (`curriculum.branch_from`) names that run instead, and the job's "
                    "minutes are those of the stages it trained.",

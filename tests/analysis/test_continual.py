@@ -88,7 +88,7 @@ def test_a_method_is_named_by_what_its_curriculum_ran():
     assert continual.method_label(ran(0.0, 0.2), "ewc.lambda=0, curriculum.replay=0.2, train.beta=0") == \
         "replay 0.2, train.beta=0"
     assert continual.method_label(ran(0.0, 0.0, "adaptive"), "curriculum=adaptive") == \
-        "adaptive plain GRPO, curriculum=adaptive"
+        "plain GRPO (adaptive curriculum)"
     assert continual.method_label({}, "x") == "x"  # a record that does not say what it ran keeps its label
 
 
@@ -110,3 +110,24 @@ def test_a_branch_names_where_its_first_stage_came_from_and_times_the_stages_it_
 def test_method_labels_name_curriculum_jobs_by_method_and_leave_the_others():
     jobs = [_job({**PLAIN[0], "ewc_lambda": 0.0}), {"curriculum": None}]
     assert continual.method_labels(jobs, ["ewc.lambda=0", "lr=1"]) == ["plain GRPO", "lr=1"]
+
+
+def test_an_adaptive_run_is_a_method_scored_against_its_start_model_and_the_progressive_order():
+    # one run trained both stages: its single row is the final model; stage b went from 0 to 3 of 4 right
+    adaptive = {**_curriculum(1, [[1, 0, 0, 0], [0, 0, 0, 0]], [[[1, 1, 0, 0], [1, 1, 1, 0]]]),
+                "mode": "adaptive", "ewc_lambda": 0.0, "bwt": None, "forgetting_max": None}
+    progressive = {**PLAIN[0], "ewc_lambda": 0.0}
+    jobs = [_job(progressive), _job(adaptive)]
+    labels = ["curriculum=progressive", "curriculum=adaptive"]
+    table = continual.continual_table(jobs, labels).set_index("method")
+    row = table.loc["plain GRPO (adaptive curriculum)"]
+    assert row["a final"] == "0.500" and row["b final"] == "0.750"
+    assert row["a gain"].startswith("+0.250 [") and row["b gain"].startswith("+0.750 [")
+    assert row["BWT"] == "" and row["max forgetting"] == ""
+    gains = continual.gains_by_job(jobs, labels)
+    assert list(gains[gains["method"] == "plain GRPO (adaptive curriculum)"]["before"]) == ["0.250", "0.000"]
+    versus = continual.against_baseline(jobs, labels)
+    assert versus.iloc[0]["against"] == "plain GRPO, curriculum=progressive"
+    # final models: a 1 of 4 (progressive forgot it) against 2 of 4; b 4 of 4 against 3 of 4
+    assert versus.iloc[0]["a final, difference"].startswith("+0.250 [")
+    assert versus.iloc[0]["b final, difference"].startswith("-0.250 [")
