@@ -161,6 +161,19 @@ def test_intermediate_from_basic_experiment_composes_the_runs_the_readme_reports
         assert job[group] == by_hand[group], group
 
 
+def test_ewc_lambda_experiment_is_the_ladder_scored_on_validation(tmp_path):
+    # docs/results/ewc-lambda.md ran `experiment=ladder eval.split=validation` and its branches; the experiment
+    # that documents the choice must compose those runs, and differ from the ladder only in split and lambda
+    params = OmegaConf.load(CONF_DIR / "experiment" / "ewc_lambda.yaml").hydra.sweeper.params
+    assert params["ewc.lambda"] == "0,100,1000,10000"
+    for lam in (0, 100, 1000, 10000):
+        job = compose_cfg(["experiment=ewc_lambda", f"ewc.lambda={lam}"], tmp_path)
+        ran = compose_cfg(["experiment=ladder", "eval.split=validation", f"ewc.lambda={lam}"], tmp_path)
+        assert job.eval.split == "validation"
+        for group in ("stage", "train", "eval", "ewc", "reward", "curriculum", "model"):
+            assert job[group] == ran[group], group
+
+
 @pytest.mark.parametrize("experiment", ["recipe_search", "recipe_seeds"])
 def test_recipe_sweeps_name_ablations_that_compose(experiment, tmp_path):
     params = OmegaConf.load(CONF_DIR / "experiment" / f"{experiment}.yaml").hydra.sweeper.params
