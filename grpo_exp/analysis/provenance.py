@@ -108,14 +108,16 @@ def repo_commit(repo: Path = REPO) -> str | None:
 
 
 def run_commits(job_dirs: list[Path]) -> list[str]:
-    """The commits the runs recorded in their files, if any did."""
+    """The commits the runs recorded in their files, if any did: a job's own, then its stages' (a curriculum job
+    keeps each stage's metrics.json in a subdirectory)."""
     import json
 
     found = []
     for job in map(Path, job_dirs):
-        for name in COMMIT_FILES:
+        stage_dirs = sorted(d for d in job.iterdir() if d.is_dir()) if job.is_dir() else []
+        for path in [job / name for name in COMMIT_FILES] + [d / "metrics.json" for d in stage_dirs]:
             try:
-                data = json.loads((job / name).read_text())
+                data = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
             for key in COMMIT_KEYS:

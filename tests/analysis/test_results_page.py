@@ -235,3 +235,16 @@ def test_forgetting_kl_is_one_line_per_method_averaged_over_its_seeds(tmp_path, 
     plots.plot_forgetting_kl(jobs, ["plain", "plain", "ewc"], tmp_path)
     # the seeds' mean at the steps both logged; a method of one seed as it is
     assert drawn == [("plain (basic), mean of 2", [(110, 1.5), (130, 4.0)]), ("ewc (basic)", [(110, 0.5)])]
+
+
+def test_a_curriculum_jobs_commit_is_read_from_its_stages(tmp_path):
+    from grpo_exp.analysis.provenance import run_commits
+
+    job = tmp_path / "0"
+    (job / "1_basic").mkdir(parents=True)
+    (job / "2_intermediate").mkdir()
+    (job / "status.json").write_text('{"status": "completed"}')
+    (job / "1_basic" / "metrics.json").write_text('{"git_commit": "aaa1111"}')
+    (job / "2_intermediate" / "metrics.json").write_text('{"git_commit": "bbb2222"}')
+    assert run_commits([job]) == ["aaa1111", "bbb2222"]
+    assert run_commits([tmp_path / "missing"]) == []
