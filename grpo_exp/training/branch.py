@@ -48,8 +48,12 @@ def shared_stages(cfg: Any, root: Path, stages: list[str], stage_config: Callabl
                           f"of curriculum.stages={stages} (one job of a sweep)")
     earlier = json.loads(record_path.read_text())
     run_facts = {"model": cfg.model.name, "seed": cfg.train.seed, "eval_limit": cfg.curriculum.eval_limit,
-                 "eval_split": cfg.eval.split, "init_from": cfg.init_from and str(cfg.init_from)}
-    then = {**earlier, "eval_split": earlier.get("eval_split", _SPLIT_BEFORE_RECORD)}
+                 "eval_split": cfg.eval.split, "eval_batch_size": cfg.curriculum.eval_batch_size,
+                 "init_from": cfg.init_from and str(cfg.init_from)}
+    # the batch pads prompts together, and padding can change a greedy answer; records from before it was kept
+    # say nothing, and are taken as they are
+    then = {**earlier, "eval_split": earlier.get("eval_split", _SPLIT_BEFORE_RECORD),
+            "eval_batch_size": earlier.get("eval_batch_size", cfg.curriculum.eval_batch_size)}
     changed = [f"{k} ({then.get(k)!r} -> {v!r})" for k, v in run_facts.items() if then.get(k) != v]
     if changed:
         raise ConfigError(f"curriculum.branch_from={source} was run with other settings: {'; '.join(changed)}; "

@@ -99,6 +99,7 @@ def test_a_first_stage_without_the_fisher_this_run_needs_is_not_shared(tmp_path,
 @pytest.mark.parametrize("change, named", [
     ("train.learning_rate=1e-4", r"shares no finished stage.*train\.learning_rate"),
     ("train.seed=7", r"other settings: seed \(42 -> 7\)"),
+    ("curriculum.eval_batch_size=5", r"other settings: eval_batch_size \(\d+ -> 5\)"),
 ])
 def test_a_run_that_trained_the_first_stage_otherwise_is_refused_in_one_line(tmp_path, stubbed, change, named):
     run([*BASE, "ewc.lambda=1000"], tmp_path / "a")
