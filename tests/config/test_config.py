@@ -174,6 +174,20 @@ def test_ewc_lambda_experiment_is_the_ladder_scored_on_validation(tmp_path):
             assert job[group] == ran[group], group
 
 
+def test_replay_share_experiment_is_plain_grpo_on_the_validation_ladder(tmp_path):
+    # docs/results/replay-share.md is read beside experiment=ewc_lambda's lambda-0 job: each share must be that
+    # job with replay alone changed
+    params = OmegaConf.load(CONF_DIR / "experiment" / "replay_share.yaml").hydra.sweeper.params
+    assert params["curriculum.replay"] == "0.1,0.2,0.4"
+    plain = compose_cfg(["experiment=ewc_lambda", "ewc.lambda=0"], tmp_path)
+    for share in (0.1, 0.2, 0.4):
+        job = compose_cfg(["experiment=replay_share", f"curriculum.replay={share}"], tmp_path)
+        assert job.curriculum.replay == share and job.ewc["lambda"] == 0
+        job.curriculum.replay = plain.curriculum.replay
+        for group in ("stage", "train", "eval", "ewc", "reward", "curriculum", "model"):
+            assert job[group] == plain[group], group
+
+
 @pytest.mark.parametrize("experiment", ["recipe_search", "recipe_seeds"])
 def test_recipe_sweeps_name_ablations_that_compose(experiment, tmp_path):
     params = OmegaConf.load(CONF_DIR / "experiment" / f"{experiment}.yaml").hydra.sweeper.params
