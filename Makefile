@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 TORCH_BUILD ?=
 TORCH_INDEX ?= $(if $(TORCH_BUILD),https://download.pytorch.org/whl/$(TORCH_BUILD))
 
-.PHONY: setup train test test-fast bench report clean-venv
+.PHONY: setup train test test-fast test-long bench report clean-venv
 
 setup: $(STAMP)
 
@@ -37,12 +37,16 @@ train: $(CORE)
 	$(PY) -m grpo_exp.train stage=basic $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -m "not long" $(ARGS)
+
+# The tests marked long (more than 5 minutes each on 2 cores), which `make test` leaves out.
+test-long: $(STAMP)
+	$(PY) -m pytest -q -m long $(ARGS)
 
 # The suite without the tests marked slow (subprocesses, kills, the browser, more than a few training steps):
 # a few minutes on 2 cores, for the edit-test loop. CI runs `make test`.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow and not long" $(ARGS)
 
 bench: $(CORE)
 	$(PY) -m grpo_exp.apps.bench $(ARGS)

@@ -76,14 +76,22 @@ def init_chain(init_from: str | None):
 
 def _check_init_split(cfg: Any) -> None:
     """An earlier stage scored here must be scored on the split its own run held out: the split is drawn
-    with the data seed (train.seed), so under another seed its 'held-out' problems include ones that run
-    trained on. Every run up the init_from chain trained a stage, so each is checked, not only the last."""
+    with the split seed (stage.split_seed; train.seed for runs recorded before it), so under another its
+    'held-out' problems include ones that run trained on. Every run up the init_from chain trained a stage,
+    so each is checked, not only the last."""
+    from grpo_exp.evaluation.run import split_seed
+
     scored = set(cfg.eval.sets) | set(cfg.eval.forgetting_sets)
+    mine = split_seed(cfg.stage, cfg.train.seed)
     for run, recorded in init_chain(cfg.get("init_from")):
         seed, stage = OmegaConf.select(recorded, "train.seed"), OmegaConf.select(recorded, "stage.name")
-        if seed is None or stage not in scored or int(seed) == int(cfg.train.seed):
+        if seed is None or stage not in scored:
+            continue
+        theirs = split_seed(OmegaConf.select(recorded, "stage") or {}, int(seed))
+        if theirs == mine:
             continue
         which = "" if run == str(cfg.init_from) else f" continues {run}, which"
-        raise ConfigError(f"init_from={cfg.init_from}{which} trained {stage} with train.seed={seed}, but this run scores "
-                          f"{stage} with train.seed={cfg.train.seed}, whose held-out split includes problems that run "
-                          f"trained on; set train.seed={seed} or drop {stage} from eval.sets/eval.forgetting_sets")
+        raise ConfigError(f"init_from={cfg.init_from}{which} trained {stage} on the split of split seed {theirs}, but "
+                          f"this run scores {stage} on split seed {mine} (stage.split_seed), whose held-out problems "
+                          f"include ones that run trained on; set stage.split_seed={theirs} or drop {stage} from "
+                          f"eval.sets/eval.forgetting_sets")

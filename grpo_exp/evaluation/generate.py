@@ -7,6 +7,7 @@ Heuristic measures are reported under `heuristic_*` keys and never mixed into ac
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 from tqdm.auto import tqdm
@@ -28,6 +29,28 @@ def model_size_mb(model: torch.nn.Module) -> float:
             weight, bias = packed._weight_bias()
             total += weight.numel() * weight.element_size() + (bias.numel() * bias.element_size() if bias is not None else 0)
     return total / 2**20
+
+
+EVAL_PRECISION = "fp32"  # every evaluation decodes in it (fp32_decoding), whatever training computed in
+
+
+@contextmanager
+def fp32_decoding(model: torch.nn.Module):
+    """Decode `model` in fp32 whatever precision it trains in: without autocast and without the autocast
+    wrapper accelerate puts on a mixed-precision policy's forward, so a model scored during training gives the
+    answers its saved weights give in a fresh process (bf16 changes a quarter of a 135M model's greedy answers).
+    Weights held in another floating dtype are refused, not cast: a bf16 copy is another model."""
+    other = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32})
+    if other:
+        raise ValueError(f"evaluation decodes in {EVAL_PRECISION}, but the model holds {', '.join(other)} weights")
+    wrapped = "_original_forward" in model.__dict__ and "forward" in model.__dict__
+    forward = model.__dict__.pop("forward") if wrapped else None
+    try:
+        with torch.autocast(device_type=model_device(model).type, enabled=False):
+            yield
+    finally:
+        if wrapped:
+            model.forward = forward
 
 
 @torch.no_grad()
@@ -65,7 +88,8 @@ def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         t0 = time.perf_counter()
-        out = model.generate(**enc, **kwargs)
+        with fp32_decoding(model):
+            out = model.generate(**enc, **kwargs)
         seconds += time.perf_counter() - t0
         new = out[:, enc["input_ids"].shape[1]:]
         positions += new.numel()

@@ -85,6 +85,8 @@ def set_settings(cfg, name: str) -> tuple[DictConfig, int]:
         stage, length = composed.stage, composed.train.max_completion_length
         if stage.dataset == "gsm8k" and not stage.path and cfg.stage.path:
             stage = OmegaConf.merge(stage, {"path": cfg.stage.path})
+        # one partition for every level: a computation held out at one level is trained on at none
+        stage = OmegaConf.merge(stage, {"split_seed": split_seed(cfg.stage, cfg.train.seed)})
     return stage, int(cfg.eval.max_new_tokens or length)
 
 
@@ -173,15 +175,24 @@ def held_out_split(stage, split: str, limit: int, seed: int, name: str | None = 
     return problems
 
 
+def split_seed(stage, seed: int) -> int:
+    """The seed that cuts a stage's splits: its `stage.split_seed`, or, for a run recorded before that key
+    existed, the training seed it drew them with."""
+    recorded = stage.get("split_seed") if hasattr(stage, "get") else None
+    return int(seed if recorded is None else recorded)
+
+
 def stage_split(stage, split: str, seed: int, size: int | None = None) -> list[dict]:
     """The problems of one split of a stage node (conf/stage): stage.num_<split> of them unless `size` is
-    given (0: all, for a GSM8K file)."""
+    given (0: all, for a GSM8K file). The bands and held-out sets come from `split_seed`; `seed` (the
+    training seed) picks the training problems."""
     from grpo_exp.core import data
 
     size = stage[f"num_{split}"] if size is None else size
-    return data.build_examples(stage.dataset, split, size=size, seed=seed, path=stage.path,
+    return data.build_examples(stage.dataset, split, size=size, seed=split_seed(stage, seed), path=stage.path,
                                hub_id=stage.hub_id, hub_config=stage.hub_config,
-                               test_fraction=stage.test_fraction, validation_fraction=stage.validation_fraction)
+                               test_fraction=stage.test_fraction, validation_fraction=stage.validation_fraction,
+                               sample_seed=seed)
 
 
 def recorded_data_settings(model_dir: Path | None) -> dict | None:
@@ -191,7 +202,8 @@ def recorded_data_settings(model_dir: Path | None) -> dict | None:
     seed = OmegaConf.select(found[0], "train.seed") if found else None
     if seed is None:
         return None
-    return {"seed": int(seed), "stage": OmegaConf.select(found[0], "stage"), "source": str(found[1])}
+    return {"seed": int(seed), "stage": OmegaConf.select(found[0], "stage"), "source": str(found[1]),
+            "max_completion_length": OmegaConf.select(found[0], "train.max_completion_length")}
 
 
 def use_recorded_split(cfg, model_dir: Path | None) -> str:
@@ -202,10 +214,15 @@ def use_recorded_split(cfg, model_dir: Path | None) -> str:
         return "train.seed"
     cfg.train.seed = recorded["seed"]
     stage = recorded["stage"]
+    # the run's partition: its stage.split_seed, or (recorded before that key) its training seed
+    cfg.stage.split_seed = split_seed(stage if stage is not None else {}, recorded["seed"])
     if stage is not None and stage.get("name") == cfg.stage.name:
         for key in ("num_validation", "num_test", "test_fraction", "validation_fraction", "path"):
             if key in stage and not (key == "path" and cfg.stage.get("path")):
                 cfg.stage[key] = stage[key]
+        # the run's own stage is scored at the length its run scored it (eval.max_new_tokens overrides both)
+        if recorded["max_completion_length"] is not None:
+            cfg.train.max_completion_length = int(recorded["max_completion_length"])
     return recorded["source"]
 
 
@@ -260,6 +277,7 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
     import torch
 
     from grpo_exp.config.schema import pass_k_samples
+    from grpo_exp.evaluation.generate import EVAL_PRECISION
 
     sampled = _samples(cfg.eval)
     return {
@@ -277,9 +295,11 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
         "num_samples": pass_k_samples(cfg.eval),
         "seed": cfg.eval.seed,
         "data_seed": cfg.train.seed,
+        "split_seed": split_seed(cfg.stage, cfg.train.seed),
         "data_seed_from": cfg.get("data_seed_from") or "train.seed",
         # held-out: no computation (GSM8K: question) shared with training or with the other held-out split
         "split": cfg.eval.split,
+        "precision": EVAL_PRECISION,  # every command decodes in it (generate.fp32_decoding)
         "reward": cfg.reward.name,
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
@@ -371,6 +391,11 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
         logger.warning("evaluation skipped: %s", err)
         return {"error": str(err)}
     saved = Path(run_dir) / "model"
+    if saved.is_dir():
+        # what model/ holds, loaded as `python -m grpo_exp.evaluate` loads it (not the policy in memory, whose
+        # forward carries training's kernels), so both commands give this model one number
+        del model
+        model, tokenizer = load_model(cfg, saved)
     report = evaluate_model(cfg, model, tokenizer, sets, saved if saved.is_dir() else None, run_dir)
     from grpo_exp.base.io import read_jsonl
 
@@ -441,13 +466,13 @@ def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = No
 
 def evaluation_machine(cfg) -> dict:
     """What besides the model and the problems can change a model's answers: the thread count (it changes
-    the order of sums), the libraries' and the model package's versions, the precision training would pick
+    the order of sums), the libraries' and the model package's versions, the precision evaluation decodes in
     and the CPU's instruction set as torch uses it."""
     from importlib import metadata
 
     import torch
 
-    from grpo_exp.base.cpu import resolve_precision
+    from grpo_exp.evaluation.generate import EVAL_PRECISION
 
     def version(package: str | None) -> str | None:
         try:
@@ -457,7 +482,7 @@ def evaluation_machine(cfg) -> dict:
 
     return {"threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": version("transformers"),
             "trl": version("trl"), "model_package": [cfg.model.package, version(cfg.model.package)],
-            "precision": resolve_precision(cfg.train.precision), "isa": torch.backends.cpu.get_cpu_capability()}
+            "precision": EVAL_PRECISION, "isa": torch.backends.cpu.get_cpu_capability()}
 
 
 def starting_model_results(cfg, sets: list[EvalSet], start_model_dir: Path | None) -> dict:

@@ -116,6 +116,22 @@ def record_or_compare(cfg: Any, run_dir: Path, plan=None) -> None:
                       f"resume with the run's own settings, or add resume_allow_changes=true")
 
 
+def adopt_recorded_split(cfg: Any, run_dir: Path) -> None:
+    """A run recorded before `stage.split_seed` existed drew its splits with its training seed: resuming it
+    with the key at its default keeps that partition (every rank reads the record, so all draw the same)."""
+    path = Path(run_dir) / SETTINGS_FILE
+    if not cfg.resume or not path.is_file():
+        return
+    then = json.loads(path.read_text())
+    seed = then.get("train.seed")
+    if "stage.split_seed" in then or seed is None or int(seed) == int(cfg.stage.split_seed):
+        return
+    if int(cfg.stage.split_seed) == _schema_default("stage.split_seed"):
+        logger.info("%s was started before stage.split_seed existed: it keeps the split of its train.seed=%s",
+                    run_dir, seed)
+        cfg.stage.split_seed = int(seed)
+
+
 def differences(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """Each training setting that differs between the record `then` and `now`, as `key (then -> now)`.
 
@@ -130,8 +146,9 @@ def differences(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
     plain = {k for k in set(then) | set(now) if not k.startswith(RESOLVED) and k not in resolved}
     # options added to the schema after the run started, left at (or resolving to) what the run did without
     # them, train as it did
+    before = {**BEFORE_THE_OPTION, "stage.split_seed": then.get("train.seed", _NO_DEFAULT)}
     newer = {k for k in plain - set(then)
-             if BEFORE_THE_OPTION.get(k, _schema_default(k)) in (now[k], now.get(RESOLVED + k, _NO_DEFAULT))}
+             if before.get(k, _schema_default(k)) in (now[k], now.get(RESOLVED + k, _NO_DEFAULT))}
     changed += [f"{k} ({then.get(k, '<unset>')!r} -> {now.get(k, '<unset>')!r})"
                 for k in sorted(plain - newer) if then.get(k) != now.get(k)]
     return changed

@@ -36,7 +36,7 @@ from grpo_exp.training import checkpoints, ewc, lora
 from grpo_exp.training.guards import GracefulStop, NonFiniteError
 from grpo_exp.training.model_card import write_cards
 from grpo_exp.training.replay import mixed_examples
-from grpo_exp.training.run_dir import RunLock, record_or_compare
+from grpo_exp.training.run_dir import RunLock, adopt_recorded_split, record_or_compare
 from grpo_exp.training.trainer import build_trainer, completions_per_step
 
 SPEED_PLAN_FILE = "speed_plan.json"
@@ -51,7 +51,7 @@ def seed_everything(seed: int) -> None:
 
 
 def stage_examples(cfg, split: str) -> list[dict]:
-    """One split of the run's stage, drawn with its data seed (train.seed)."""
+    """One split of the run's stage: its bands from stage.split_seed, its training problems from train.seed."""
     from grpo_exp.evaluation.run import stage_split
 
     return stage_split(cfg.stage, split, cfg.train.seed)
@@ -162,6 +162,7 @@ def train(cfg, step_offset: int = 0, pools: dict[str, Any] | None = None) -> dic
 
 def _train_locked(cfg, run_dir: Path, step_offset: int, pools: dict[str, Any] | None) -> dict:
     plan = resolve_speed(cfg.speed, cfg.train)  # once: the settings record and the trainer read the same plan
+    adopt_recorded_split(cfg, run_dir)
     finished, resume_from = dist.on_main(lambda: _open_run_dir(cfg, run_dir, plan))  # the files are rank 0's to change
     if finished is not None:
         return finished

@@ -418,3 +418,35 @@ def test_load_hub_parses_rows(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", fake)
     assert [e["answer"] for e in load_hub(split="train")] == ["12", "1234", "1"]
     assert calls == [("openai/gsm8k", "main", "train")]
+
+
+def test_held_out_sets_are_one_fixed_partition_whatever_the_training_seed(tmp_path):
+    """stage.split_seed draws the bands: every training seed scores the same validation and test problems, and
+    no seed trains on a computation held out; another split seed is another partition; old records (no
+    split_seed) keep the partition of their training seed."""
+    from grpo_exp.evaluation.run import split_seed, stage_split
+    from tests.conftest import compose_cfg
+
+    for level in ("basic", "intermediate"):
+        stage = compose_cfg([f"stage={level}"], tmp_path).stage
+        held = {s: [ex["key"] for ex in stage_split(stage, s, 42)] for s in ("validation", "test")}
+        trained = set()
+        for seed in (42, 1, 2, 3, 4):
+            for s in ("validation", "test"):
+                assert [ex["key"] for ex in stage_split(stage, s, seed)] == held[s]
+            train = stage_split(stage, "train", seed)
+            trained |= {ex["key"] for ex in train}
+        assert not trained & (set(held["validation"]) | set(held["test"]))
+        assert not set(held["validation"]) & set(held["test"])
+        # the training seed still picks which training problems a run draws
+        assert stage_split(stage, "train", 1) != stage_split(stage, "train", 2)
+        moved = compose_cfg([f"stage={level}", "stage.split_seed=7"], tmp_path).stage
+        assert [ex["key"] for ex in stage_split(moved, "test", 42)] != held["test"]
+    old = {"name": "basic"}  # a stage node recorded before split_seed existed
+    assert split_seed(old, 3) == 3 and split_seed({"split_seed": 42}, 3) == 42
+
+
+def test_split_seed_must_be_an_integer(tmp_path):
+    from tests.conftest import assert_fails_fast_with_one_line
+
+    assert_fails_fast_with_one_line(tmp_path / "run", ["stage.split_seed=abc"], "stage.split_seed")

@@ -396,8 +396,9 @@ def test_sampling_draws_from_the_whole_vocabulary_as_training_does(tiny_model, m
     assert max(_sampled_token_ranks(model, tokenizer, monkeypatch, top_k=1)) == 0
 
 
-def _fake_run(tmp_path, tiny_model, seed: int):
-    """A training run directory as training leaves it: model/ and the .hydra/config.yaml it ran with."""
+def _fake_run(tmp_path, tiny_model, seed: int, split_seed: int | None = None):
+    """A training run directory as training leaves it: model/ and the .hydra/config.yaml it ran with (split_seed
+    None: recorded before stage.split_seed existed, when train.seed drew the split)."""
     from omegaconf import OmegaConf
 
     model, tokenizer = tiny_model
@@ -405,6 +406,11 @@ def _fake_run(tmp_path, tiny_model, seed: int):
     model.save_pretrained(run / "model")
     tokenizer.save_pretrained(run / "model")
     ran_with = compose_cfg(["model=tiny_random", f"train.seed={seed}"], run)
+    ran_with = OmegaConf.create(OmegaConf.to_container(ran_with))
+    if split_seed is None:
+        del ran_with.stage["split_seed"]
+    else:
+        ran_with.stage.split_seed = split_seed
     (run / ".hydra").mkdir()
     OmegaConf.save(ran_with, run / ".hydra" / "config.yaml")
     return run
@@ -421,10 +427,24 @@ def test_checkpoint_is_scored_on_its_own_recorded_split(tmp_path, tiny_model):
     sets = load_sets(cfg)
     assert [e["question"] for e in sets[0].examples] == [
         e["question"] for e in held_out_split(cfg.stage, "test", 20, 7)[:20]]
-    assert [e["question"] for e in sets[0].examples] != [
-        e["question"] for e in held_out_split(cfg.stage, "test", 20, 42)[:20]]
+    assert [e["question"] for e in sets[0].examples] != [  # the fixed partition of today's runs
+        e["question"] for e in held_out_split(compose_cfg([], tmp_path / "d").stage, "test", 20, 42)[:20]]
     summary = settings_summary(cfg, sets)
     assert summary["data_seed"] == 7 and summary["data_seed_from"].endswith(".hydra/config.yaml")
+    assert summary["split_seed"] == 7 and summary["precision"] == "fp32"
+
+
+def test_a_run_with_a_split_seed_is_scored_on_that_partition(tmp_path, tiny_model):
+    from grpo_exp.evaluation.run import held_out_split
+
+    run = _fake_run(tmp_path, tiny_model, seed=7, split_seed=42)
+    cfg = compose_cfg(["model=tiny_random", f"checkpoint={run}", "eval.limit=20"], tmp_path / "ev",
+                      config_name="evaluate")
+    check(cfg)
+    assert cfg.train.seed == 7 and cfg.stage.split_seed == 42
+    # training seed 7 on the fixed partition: the test problems every seed scores
+    assert [e["question"] for e in load_sets(cfg)[0].examples] == [
+        e["question"] for e in held_out_split(compose_cfg([], tmp_path / "d").stage, "test", 20, 42)[:20]]
 
 
 def test_base_figures_are_cached_per_settings(tmp_path, tiny_model, monkeypatch):

@@ -26,8 +26,11 @@ __all__ = [
 
 def build_examples(dataset: str, split: str, *, size: int, seed: int, path: str | Path | None = None,
                    hub_id: str = "openai/gsm8k", hub_config: str = "main", test_fraction: float = TEST_FRACTION,
-                   validation_fraction: float = VALIDATION_FRACTION) -> list[dict]:
+                   validation_fraction: float = VALIDATION_FRACTION, sample_seed: int | None = None) -> list[dict]:
     """Problems (question, answer, level, key, ...) for one split (train, validation or test) of ``dataset``.
+
+    ``seed`` is the split seed (`stage.split_seed`): it cuts the bands and draws the held-out sets.
+    ``sample_seed`` (the training seed; default ``seed``) picks and orders the training problems only.
 
     The splits never share a problem. Generated levels are cut by canonical computation
     (`generators.split_of`), and their validation and test sets hold distinct computations. GSM8K's test
@@ -41,7 +44,7 @@ def build_examples(dataset: str, split: str, *, size: int, seed: int, path: str 
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     if dataset in LEVELS:
-        return generate_split(dataset, split, size, seed, test_fraction, validation_fraction)
+        return generate_split(dataset, split, size, seed, test_fraction, validation_fraction, sample_seed)
     if path is not None and str(path) != "" and Path(path).is_file():
         where = str(path)
         examples = [ex for ex in gsm8k.load(path, "train", hub_id, hub_config)
@@ -57,7 +60,7 @@ def build_examples(dataset: str, split: str, *, size: int, seed: int, path: str 
         raise DataFileError(f"GSM8K {split} split holds {len(examples)} problems of {where}, fewer than the "
                             f"{size} asked for (stage.num_{split}); lower stage.num_{split} or use a larger file")
     # Shuffle before truncating so a small subset is not just the file's first rows.
-    random.Random(seed).shuffle(examples)
+    random.Random(seed if split != "train" or sample_seed is None else sample_seed).shuffle(examples)
     return examples[:size] if size > 0 else examples
 
 

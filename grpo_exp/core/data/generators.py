@@ -169,8 +169,12 @@ def generate(level: str, n: int, seed: int) -> list[dict]:
 
 
 def generate_split(level: str, split: str, n: int, seed: int, test_fraction: float = TEST_FRACTION,
-                   validation_fraction: float = VALIDATION_FRACTION) -> list[dict]:
+                   validation_fraction: float = VALIDATION_FRACTION, sample_seed: int | None = None) -> list[dict]:
     """``n`` problems of one split of ``level``; the three splits share no canonical computation.
+
+    ``seed`` (the split seed, `stage.split_seed`) draws the bands and the held-out sets; ``sample_seed``
+    (the training seed; default ``seed``) draws which training problems of the train band are used, so
+    runs of different training seeds score the same validation and test problems.
 
     Training problems have distinct questions; validation and test problems have distinct computations,
     each set sized to what its band holds (`_sample_held_out`). Each split has its own seeded random
@@ -181,7 +185,8 @@ def generate_split(level: str, split: str, n: int, seed: int, test_fraction: flo
     if n < 0:
         raise ValueError(f"number of problems must be >= 0, got {n}")
     _templates(level)  # an unknown level fails before any drawing
-    rng = random.Random(f"grpo-exp/{level}/{split}/{seed}")  # salted string seeds: independent streams
+    stream = seed if split != "train" or sample_seed is None else sample_seed
+    rng = random.Random(f"grpo-exp/{level}/{split}/{stream}")  # salted string seeds: independent streams
 
     def accept(key: str) -> bool:
         return split_of(key, seed, test_fraction, validation_fraction) == split
