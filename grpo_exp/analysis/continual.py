@@ -2,13 +2,14 @@
 
 A method is named by what its curriculum.json says it ran (plain GRPO, EWC and its lambda, replay and its share),
 then the job's other swept settings but the seed. Per method: each stage's final accuracy, average accuracy,
-backward transfer (BWT), maximum forgetting and each stage's gain against the model that entered it. Gains pool the
-per-problem results of every seed (each seed scores its own held-out problems, so pooling adds problems, not
-repeats): a paired 95% interval and McNemar's exact p over all of them. An adaptive curriculum
+backward transfer (BWT), maximum forgetting and each stage's gain against the model that entered it. Gains are
+seed-level (evaluation/seed_stats.py): the mean of the per-seed gains with a t interval and p over seeds, claimed
+only with at least five seeds; the McNemar test over every seed's problems pooled is shown beside it, labelled as
+conditional on these trained models. An adaptive curriculum
 (curriculum.mode=adaptive) trains every stage in one run: its one row is its final model, and each stage's gain is
 against the start model (it has no order, so no BWT or forgetting). Then each method against plain GRPO (or,
 without it, the first method) on the final model's accuracy per stage, paired problem by problem over the seeds
-both ran: the test of whether a method's difference is beyond noise.
+both ran, at the seed level: the test of whether a method's difference is beyond the seed-to-seed noise.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from grpo_exp.analysis.seed_summary import DEFAULTS
-from grpo_exp.evaluation.stats import paired_bits
+from grpo_exp.evaluation import seed_stats
 from grpo_exp.training.curriculum import paired_gain, stage_pair
 
 
@@ -100,9 +101,9 @@ def gains_by_job(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _pooled_pair(pairs: list[tuple[list[int], list[int]]]) -> dict:
-    """Paired comparison of (before, after) per-problem results pooled over seeds."""
-    return paired_bits([b for bs, _ in pairs for b in bs], [a for _, after in pairs for a in after])
+def _seed_pair(pairs: list[tuple[list[int], list[int]]]) -> dict:
+    """Seed-level comparison of (before, after) per-problem results, one pair per seed (seed_stats.seed_level)."""
+    return seed_stats.seed_level(pairs)
 
 
 def _spread(values: list[float]) -> str:
@@ -111,7 +112,7 @@ def _spread(values: list[float]) -> str:
 
 
 def _gain_cell(g: dict) -> str:
-    return f"{g['diff']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] p {g['p']:.2g}"
+    return seed_stats.cell(g)
 
 
 def _stage_pairs(cur: dict, i: int) -> tuple[list[int], list[int]] | None:
@@ -136,7 +137,9 @@ def continual_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
             row[f"{stage} final"] = _spread([c["matrix"][-1][j] for c in curs])
         for j, stage in enumerate(stages):
             pairs = [p for c in curs if (p := _stage_pairs(c, j)) is not None]
-            row[f"{stage} gain"] = _gain_cell(_pooled_pair(pairs)) if pairs else ""
+            gain = _seed_pair(pairs) if pairs else None
+            row[f"{stage} gain"] = _gain_cell(gain) if gain else ""
+            row[f"{stage} gain, pooled"] = seed_stats.pooled_cell(gain) if gain else ""
         row["average accuracy"] = _spread([c["average_accuracy"] for c in curs])
         row["BWT"] = _spread([c["bwt"] for c in curs]) if all(c.get("bwt") is not None for c in curs) else ""
         row["max forgetting"] = (_spread([c["forgetting_max"] for c in curs])
@@ -164,6 +167,8 @@ def against_baseline(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
         row = {"method": method, "against": base_name, "seeds": " ".join(map(str, seeds))}
         for j, stage in enumerate(curs[seeds[0]]["stages"]):
             pairs = [(base[s]["correct"]["rows"][-1][j], curs[s]["correct"]["rows"][-1][j]) for s in seeds]
-            row[f"{stage} final, difference"] = _gain_cell(_pooled_pair(pairs))
+            diff = _seed_pair(pairs)
+            row[f"{stage} final, difference"] = _gain_cell(diff)
+            row[f"{stage} final, pooled"] = seed_stats.pooled_cell(diff)
         rows.append(row)
     return pd.DataFrame(rows)

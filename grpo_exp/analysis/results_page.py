@@ -8,6 +8,7 @@ table is followed by the `grpo-report --table` command that prints it again from
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -25,11 +26,45 @@ def page_command(dirs: list[str], page: str | Path, machine: str | None) -> str:
     return report_command(dirs, "--page", str(page), *(["--machine", machine] if machine else []))
 
 
-def write_page(dirs: list[str], page: str | Path, machine: str | None = None) -> Path:
+class PageError(KeyError):
+    """A page that must not be written as asked (runs of uncommitted code, a path outside the repository)."""
+
+
+def dirty_runs(jobs: list[dict]) -> list[str]:
+    """The job directories whose recorded commit says they ran with uncommitted changes."""
+    from grpo_exp.base.commit import is_dirty
+
+    return [str(job["row"]["dir"]) for job in jobs
+            if any(is_dirty(c) for c in provenance.run_commits([Path(job["row"]["dir"])]))]
+
+
+ABSOLUTE = re.compile(r"(?<![\w.])/(?:work|home|tmp|root|Users|mnt|var)/[^\s`'\")\]]*")
+
+
+def repo_relative(text: str, repo: Path = provenance.REPO, strict: bool = True) -> str:
+    """`text` with paths inside the repository made relative to it; with `strict` (a page inside the
+    repository), a PageError naming the first absolute path left (one outside the repository would not exist on
+    a reader's machine)."""
+    for root in {str(repo), str(repo.resolve())}:
+        text = text.replace(root + "/", "").replace(root, ".")
+    found = ABSOLUTE.search(text) if strict else None
+    if found:
+        raise PageError(f"the page would cite {found.group(0)}, outside the repository ({repo}); keep the runs "
+                        f"under it (outputs/...) so the page can name them by a relative path")
+    return text
+
+
+def write_page(dirs: list[str], page: str | Path, machine: str | None = None, allow_dirty: bool = False) -> Path:
     """Write the results page of the runs under `dirs` to `page`, its PNGs into the folder named after it;
-    returns the page's path."""
+    returns the page's path. Runs of uncommitted code are refused unless `allow_dirty` (then the page marks
+    them); a path outside the repository is refused."""
     loaded = report.load_report(dirs)
     jobs, df, labels = loaded["jobs"], loaded["df"], loaded["labels"]
+    dirty = dirty_runs(jobs)
+    if dirty and not allow_dirty:
+        raise PageError(f"{len(dirty)} run(s) ran with uncommitted changes ({', '.join(dirty[:3])}"
+                        f"{', ...' if len(dirty) > 3 else ''}); rerun them from a commit, or pass --allow-dirty "
+                        f"to write a page that says so")
     page = Path(page)
     # read before the plots are redrawn: new PNGs would make the commit look changed
     header = provenance.header(jobs, page_command(dirs, page, machine), machine)
@@ -47,6 +82,8 @@ def write_page(dirs: list[str], page: str | Path, machine: str | None = None) ->
              "<!-- Written by grpo-report from the runs' files; do not edit: rerun the page's command. -->", "",
              *header,
              f"- **Runs:** {', '.join(f'`{d}`' for d in dirs)}: {len(df)} job{'s' * (len(df) != 1)}, {done} completed",
+             *([f"- **Uncommitted code:** {len(dirty)} run(s) ran with uncommitted changes (their commit above "
+                f"carries the diff's hash): {', '.join(f'`{d}`' for d in dirty)}"] if dirty else []),
              ""]
     if report.split_note(df):
         lines += [report.split_note(df), ""]
@@ -58,8 +95,38 @@ def write_page(dirs: list[str], page: str | Path, machine: str | None = None) ->
         lines += ["## Plots", ""]
         for path in made:
             lines += [f"![{path.stem}]({assets.name}/{path.name})", ""]
-    page.write_text("\n".join(lines))
+    lines += ["", figures_block(df, report.seed_labels(df))]
+    in_repo = page.resolve().is_relative_to(provenance.REPO.resolve())
+    page.write_text(repo_relative("\n".join(lines), strict=in_repo))
     return page
+
+
+FIGURES_MARK = "grpo-exp figures:"
+
+
+def figures(df, labels: list[str]) -> dict:
+    """Per variant and held-out figure (eval_<set>_accuracy, eval_<set>_diff), each completed seed's value: what
+    `grpo-report --compare` reads back from a page."""
+    import pandas as pd
+
+    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    out: dict = {}
+    columns = [c for c in done.columns if c.startswith("eval_") and c.endswith(("_accuracy", "_diff"))]
+    stage = sorted({str(s) for s in done.get("stage", pd.Series(dtype=str)).dropna()})
+    for label, jobs in done.groupby(pd.Series(labels, index=df.index)[done.index], sort=False):
+        for column in columns:
+            values = {str(seed): float(v) for seed, v in zip(jobs.get("seed", [None] * len(jobs)), jobs[column])
+                      if pd.notna(v)}
+            if values:
+                out.setdefault(str(label), {})[column] = values
+    return {"stages": stage, "split": sorted({str(s) for s in done.get("split", pd.Series(dtype=str)).dropna()}),
+            "figures": out}
+
+
+def figures_block(df, labels: list[str]) -> str:
+    import json
+
+    return f"<!-- {FIGURES_MARK} {json.dumps(figures(df, labels), sort_keys=True)} -->"
 
 
 def table_markdown(dirs: list[str], name: str) -> str:

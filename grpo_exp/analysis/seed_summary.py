@@ -5,7 +5,9 @@ held-out accuracy (and its difference from the base model) over its seeds: mean,
 One training seed is one draw: four seeds of one recipe once scored from 0.245 to 0.510 (docs/log.md,
 "2026-11-27 — a KL penalty of 0.04 raises the worst of four seeds from 0.245 to 0.410"), so a recipe is chosen by its worst seed as well as its mean, and
 the interval over seeds (which widens with that spread) is the one to compare recipes by; the pooled
-interval counts problems only (each seed draws its own held-out problems), so it is narrower.
+interval counts problems only, given these trained models, so it is narrower. A difference from the start model
+is tested over seeds (t over the per-seed differences) and claimed only with at least five seeds
+(evaluation/seed_stats.py).
 
 Variants are ranked on the validation split only: the test split is reported once, never chosen on,
 and figures from different splits are different problems, so they are not ranked against each other.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import pandas as pd
 
 from grpo_exp.analysis.aggregates import UNRECORDED, VALIDATION
+from grpo_exp.evaluation.seed_stats import POOLED_LABEL, t_test_p, verdict
 from grpo_exp.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval
 
 SEED_KEY = "override:train.seed"
@@ -64,6 +67,10 @@ def per_variant(df: pd.DataFrame, labels: list[str]) -> pd.DataFrame | None:
             over_seeds, pooled = mean_interval(values.tolist()), _pooled(jobs.loc[values.index], column)
             row[f"{column}_t95_low"], row[f"{column}_t95_high"] = over_seeds or (None, None)
             row[f"{column}_pooled95_low"], row[f"{column}_pooled95_high"] = pooled or (None, None)
+            if column.endswith("_diff"):  # against the start model, paired by seed: the seed-level test
+                p = t_test_p(values.tolist())
+                row[f"{column}_t_p"] = p
+                row[f"{column}_claim"] = verdict(len(values), p, over_seeds)
         rows.append(row)
     table = pd.DataFrame(rows)
     if table["seeds"].max() < 2:
@@ -105,7 +112,11 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         out[f"{column} min..max"] = [_range(lo, hi) for lo, hi in zip(table[f"{column}_min"], table[f"{column}_max"])]
         out[f"{column} 95% CI over seeds (t)"] = [
             _interval(lo, hi) for lo, hi in zip(table[f"{column}_t95_low"], table[f"{column}_t95_high"])]
-        out[f"{column} 95% CI pooled problems"] = [
+        if f"{column}_t_p" in table.columns:
+            out[f"{column} p over seeds (t)"] = ["" if v is None or pd.isna(v) else f"{v:.2g}"
+                                                 for v in table[f"{column}_t_p"]]
+            out[f"{column} claim"] = table[f"{column}_claim"].fillna("")
+        out[f"{column} 95% CI pooled problems ({POOLED_LABEL})"] = [
             _interval(lo, hi) for lo, hi in zip(table[f"{column}_pooled95_low"], table[f"{column}_pooled95_high"])]
     return out
 

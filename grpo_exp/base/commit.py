@@ -20,8 +20,16 @@ def code_commit(repo: Path = REPO) -> str | None:
 
     commit = git("rev-parse", "--short", "HEAD")
     if commit and git("status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
+        import hashlib
+
+        diff = git("diff", "HEAD") or ""
+        commit += f" (with uncommitted changes, diff {hashlib.sha256(diff.encode()).hexdigest()[:12]})"
     return commit
+
+
+def is_dirty(commit: str | None) -> bool:
+    """Whether a recorded commit says the code had uncommitted changes (code_commit's mark)."""
+    return bool(commit) and "uncommitted changes" in commit
 
 
 # The commit when this process imported the package: what a sweep's later jobs run, whatever HEAD is by then.

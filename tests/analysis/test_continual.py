@@ -26,13 +26,14 @@ KEEP = [_curriculum(s, [[1, 0, 0, 0], [0, 0, 0, 0]], [[[1, 1, 1, 0], [1, 0, 0, 0
         for s in (1, 2)]
 
 
-def test_gains_pool_every_seeds_problems():
+def test_gains_are_seed_level_and_the_pooled_test_is_labelled():
     table = continual.continual_table([_job(c) for c in PLAIN], ["plain", "plain"])
     row = table.iloc[0]
     assert row["seeds"] == "1 2"
-    # stage b: before it (after a) 1 of 4 right on each seed, after it 4 of 4: +0.75 over 8 problems, 6 flips
-    assert row["b gain"].startswith("+0.750 [")
-    assert row["b gain"].endswith(f"p {mcnemar_exact_p(0, 6):.2g}")
+    # stage b: before it (after a) 1 of 4 right on each seed, after it 4 of 4: +0.75 on each of two seeds
+    assert row["b gain"].startswith("+0.750 [t ") and row["b gain"].endswith("2 seeds: not yet shown")
+    # pooled over the 8 problems (6 flips): only as the figure given these trained models
+    assert row["b gain, pooled"] == f"+0.750 p {mcnemar_exact_p(0, 6):.2g} (given these trained models)"
     assert row["a final"] == "0.250 (0.250..0.250)"  # mean (min..max) over the two seeds
     assert row["max forgetting"] == "0.500 (0.500..0.500)"
 
@@ -122,12 +123,12 @@ def test_an_adaptive_run_is_a_method_scored_against_its_start_model_and_the_prog
     table = continual.continual_table(jobs, labels).set_index("method")
     row = table.loc["plain GRPO (adaptive curriculum)"]
     assert row["a final"] == "0.500" and row["b final"] == "0.750"
-    assert row["a gain"].startswith("+0.250 [") and row["b gain"].startswith("+0.750 [")
+    assert row["a gain"].startswith("+0.250, 1 seeds: not yet shown") and row["b gain"].startswith("+0.750, 1 seeds")
     assert row["BWT"] == "" and row["max forgetting"] == ""
     gains = continual.gains_by_job(jobs, labels)
     assert list(gains[gains["method"] == "plain GRPO (adaptive curriculum)"]["before"]) == ["0.250", "0.000"]
     versus = continual.against_baseline(jobs, labels)
     assert versus.iloc[0]["against"] == "plain GRPO, curriculum=progressive"
     # final models: a 1 of 4 (progressive forgot it) against 2 of 4; b 4 of 4 against 3 of 4
-    assert versus.iloc[0]["a final, difference"].startswith("+0.250 [")
-    assert versus.iloc[0]["b final, difference"].startswith("-0.250 [")
+    assert versus.iloc[0]["a final, difference"].startswith("+0.250, 1 seeds: not yet shown")
+    assert versus.iloc[0]["b final, difference"].startswith("-0.250, 1 seeds")

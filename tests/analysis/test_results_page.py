@@ -248,3 +248,54 @@ def test_a_curriculum_jobs_commit_is_read_from_its_stages(tmp_path):
     (job / "2_intermediate" / "metrics.json").write_text('{"git_commit": "bbb2222"}')
     assert run_commits([job]) == ["aaa1111", "bbb2222"]
     assert run_commits([tmp_path / "missing"]) == []
+
+
+def test_compare_says_whether_runs_fall_inside_a_pages_seed_spread(tmp_path):
+    from grpo_exp.analysis import results_page
+    from grpo_exp.analysis.compare_page import CompareError, compare
+
+    page_runs = _sweep(tmp_path / "page_runs", [("none", 1, "test", 40), ("none", 2, "test", 50),
+                                                ("none", 3, "test", 60)])
+    page = results_page.write_page([str(page_runs)], tmp_path / "docs" / "demo.md", "test-box")
+    assert results_page.FIGURES_MARK in page.read_text()
+    mine = _sweep(tmp_path / "mine", [("none", 7, "test", 55)])
+    for ref in (page, page_runs):  # a page's figures block, or its runs' directory
+        table = compare(str(ref), [str(mine)])
+        row = next(line for line in table.splitlines() if "basic_accuracy" in line)
+        assert "0.500" in row and "0.400..0.600" in row and "0.550 (seed 7)" in row
+        assert "inside the page's seed range" in row
+    far = _sweep(tmp_path / "far", [("none", 8, "test", 90)])
+    assert "outside the page's seed range" in compare(str(page), [str(far)])
+    validation = _sweep(tmp_path / "val", [("none", 9, "validation", 50)])
+    with pytest.raises(CompareError, match="reports the test split"):
+        compare(str(page), [str(validation)])
+    empty = tmp_path / "empty.md"
+    empty.write_text("# a page without figures\n")
+    with pytest.raises(CompareError, match="holds no figures block"):
+        compare(str(empty), [str(mine)])
+
+
+def test_a_page_refuses_runs_of_uncommitted_code_and_paths_outside_the_repo(tmp_path):
+    from grpo_exp.analysis import results_page
+
+    sweep = _sweep(tmp_path / "sweep", [("none", 1, "test", 40), ("none", 2, "test", 50)])
+    metrics = json.loads((sweep / "0" / "metrics.json").read_text())
+    _write(sweep / "0" / "metrics.json", {**metrics, "git_commit": "abc1234 (with uncommitted changes, diff 0123)"})
+    with pytest.raises(results_page.PageError, match="uncommitted changes.*--allow-dirty"):
+        results_page.write_page([str(sweep)], tmp_path / "p.md")
+    assert not (tmp_path / "p.md").exists()
+    inside = ROOT / "outputs" / "pytest-page"
+    text = results_page.repo_relative(f"`grpo-report {inside} --page {ROOT}/docs/x.md`")
+    assert text == "`grpo-report outputs/pytest-page --page docs/x.md`"
+    in_repo = ROOT / "outputs" / "pytest-pages" / f"{tmp_path.name}.md"
+    try:
+        with pytest.raises(results_page.PageError, match="outside the repository"):
+            # a page inside the repository citing runs in a temporary folder: a path no reader has
+            results_page.write_page([str(sweep)], in_repo, allow_dirty=True)
+        assert not in_repo.exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(in_repo.parent, ignore_errors=True)
+    marked = results_page.write_page([str(sweep)], tmp_path / "p.md", allow_dirty=True).read_text()
+    assert "**Uncommitted code:** 1 run(s)" in marked
