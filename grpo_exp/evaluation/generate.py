@@ -75,30 +75,30 @@ def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new
     generator_seed = seed
     was_training = model.training
     model.eval()
-    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, leave=False):
-        batch = prompts[start:start + batch_size]
-        enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True, padding=True).to(model_device(model))
-        # use_cache: training with gradient checkpointing turns the KV cache off in the model config.
-        kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "use_cache": True}
-        if do_sample:
-            torch.manual_seed(generator_seed + start)
-            # top_k=0 explicitly: left unset, generate filters to the 50 likeliest tokens
-            kwargs.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        t0 = time.perf_counter()
-        with fp32_decoding(model):
+    with fp32_decoding(model):  # once for the whole set: its check and the unwrapping are per model
+        for start in tqdm(range(0, len(prompts), batch_size), desc=desc, leave=False):
+            batch = prompts[start:start + batch_size]
+            enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
+                                                return_dict=True, padding=True).to(model_device(model))
+            # use_cache: training with gradient checkpointing turns the KV cache off in the model config.
+            kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "use_cache": True}
+            if do_sample:
+                torch.manual_seed(generator_seed + start)
+                # top_k=0 explicitly: left unset, generate filters to the 50 likeliest tokens
+                kwargs.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            t0 = time.perf_counter()
             out = model.generate(**enc, **kwargs)
-        seconds += time.perf_counter() - t0
-        new = out[:, enc["input_ids"].shape[1]:]
-        positions += new.numel()
-        for row in new:
-            ids = row.tolist()
-            # Count up to and including the first EOS: the rest is padding.
-            n = next((i + 1 for i, t in enumerate(ids) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)), len(ids))
-            lengths.append(n)
-            texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True))
+            seconds += time.perf_counter() - t0
+            new = out[:, enc["input_ids"].shape[1]:]
+            positions += new.numel()
+            for row in new:
+                ids = row.tolist()
+                # Count up to and including the first EOS: the rest is padding.
+                n = next((i + 1 for i, t in enumerate(ids) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)), len(ids))
+                lengths.append(n)
+                texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True))
     model.train(was_training)
     tokenizer.padding_side = padding_side
     return texts, lengths, seconds, positions

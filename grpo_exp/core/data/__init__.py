@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from . import gsm8k
 from .generators import (LEVELS, SPLITS, TEST_FRACTION, VALIDATION_FRACTION, band, canonical, generate,
-                         generate_split, split_of)
+                         generate_split, sample_stream, split_of)
 from .gsm8k import DataFileError
 from .prompts import DEFAULT_SYSTEM_PROMPT, to_messages
 
@@ -60,7 +60,7 @@ def build_examples(dataset: str, split: str, *, size: int, seed: int, path: str 
         raise DataFileError(f"GSM8K {split} split holds {len(examples)} problems of {where}, fewer than the "
                             f"{size} asked for (stage.num_{split}); lower stage.num_{split} or use a larger file")
     # Shuffle before truncating so a small subset is not just the file's first rows.
-    random.Random(seed if split != "train" or sample_seed is None else sample_seed).shuffle(examples)
+    random.Random(sample_stream(split, seed, sample_seed)).shuffle(examples)
     return examples[:size] if size > 0 else examples
 
 

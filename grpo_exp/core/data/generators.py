@@ -168,6 +168,11 @@ def generate(level: str, n: int, seed: int) -> list[dict]:
     return _sample_train(level, n, random.Random(seed), lambda key: True)
 
 
+def sample_stream(split: str, seed: int, sample_seed: int | None) -> int:
+    """The seed of a split's draws: the split seed for held-out sets, the training seed (where given) for training."""
+    return seed if split != "train" or sample_seed is None else sample_seed
+
+
 def generate_split(level: str, split: str, n: int, seed: int, test_fraction: float = TEST_FRACTION,
                    validation_fraction: float = VALIDATION_FRACTION, sample_seed: int | None = None) -> list[dict]:
     """``n`` problems of one split of ``level``; the three splits share no canonical computation.
@@ -185,8 +190,7 @@ def generate_split(level: str, split: str, n: int, seed: int, test_fraction: flo
     if n < 0:
         raise ValueError(f"number of problems must be >= 0, got {n}")
     _templates(level)  # an unknown level fails before any drawing
-    stream = seed if split != "train" or sample_seed is None else sample_seed
-    rng = random.Random(f"grpo-exp/{level}/{split}/{stream}")  # salted string seeds: independent streams
+    rng = random.Random(f"grpo-exp/{level}/{split}/{sample_stream(split, seed, sample_seed)}")  # salted string seeds: independent streams
 
     def accept(key: str) -> bool:
         return split_of(key, seed, test_fraction, validation_fraction) == split
