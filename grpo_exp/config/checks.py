@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.config.recorded import run_config
+from grpo_exp.config.recorded import run_config, split_seed
 from grpo_exp.config.schema import GROUPS, CurriculumConfig, RunConfig
 from grpo_exp.config.speed import check_generation
 
@@ -79,8 +79,6 @@ def _check_init_split(cfg: Any) -> None:
     with the split seed (stage.split_seed; train.seed for runs recorded before it), so under another its
     'held-out' problems include ones that run trained on. Every run up the init_from chain trained a stage,
     so each is checked, not only the last."""
-    from grpo_exp.evaluation.run import split_seed
-
     scored = set(cfg.eval.sets) | set(cfg.eval.forgetting_sets)
     mine = split_seed(cfg.stage, cfg.train.seed)
     for run, recorded in init_chain(cfg.get("init_from")):

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from grpo_exp.base import log
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.text import markdown_table
-from grpo_exp.config.recorded import run_config
+from grpo_exp.config.recorded import run_config, split_seed
 
 logger = log.get_logger(__name__)
 
@@ -173,13 +173,6 @@ def held_out_split(stage, split: str, limit: int, seed: int, name: str | None = 
         raise ConfigError(f"eval set '{name}' holds {len(problems)} {split} problems but {limit} were asked for "
                           f"(eval.limit={limit}); lower the limit or use a larger {split} split")
     return problems
-
-
-def split_seed(stage, seed: int) -> int:
-    """The seed that cuts a stage's splits: its `stage.split_seed`, or, for a run recorded before that key
-    existed, the training seed it drew them with."""
-    recorded = stage.get("split_seed") if hasattr(stage, "get") else None
-    return int(seed if recorded is None else recorded)
 
 
 def stage_split(stage, split: str, seed: int, size: int | None = None) -> list[dict]:

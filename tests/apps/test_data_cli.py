@@ -21,10 +21,16 @@ def test_writes_the_split_training_and_evaluation_draw(tmp_path):
     assert main(["stage=basic", "split=test", "limit=30", "train.seed=3", f"out={out}"]) == 0
     rows = read(out)
     assert len(rows) == 30 and all(tuple(r) == FIELDS for r in rows)
-    expected = data.build_examples("basic", "test", size=200, seed=3)[:30]
+    # The held-out sets are cut by stage.split_seed (default 42), whatever the training seed.
+    expected = data.build_examples("basic", "test", size=200, seed=42)[:30]
     assert [r["question"] for r in rows] == [e["question"] for e in expected]
     assert len({r["key"] for r in rows}) == 30 and {r["level"] for r in rows} == {"basic"}
     assert {r["template"] for r in rows} == {"add", "sub", "mul", "div"}
+    train = tmp_path / "train.jsonl"
+    assert main(["stage=basic", "split=train", "limit=30", "train.seed=3", f"out={train}"]) == 0
+    expected = data.build_examples("basic", "train", size=2000, seed=42, sample_seed=3)[:30]
+    assert [r["question"] for r in read(train)] == [e["question"] for e in expected]
+    assert expected != data.build_examples("basic", "train", size=2000, seed=42, sample_seed=4)[:30]
 
 
 def test_splits_share_no_computation(tmp_path):

@@ -73,46 +73,48 @@ def test_forgetting_of_an_unknown_stage_is_one_line(tmp_path):
 
 
 def test_an_earlier_stage_is_scored_on_its_own_runs_split(tmp_path):
-    """init_from's run drew basic's split with train.seed=42; scoring basic under seed 1 would include
-    problems it trained on, so that is refused, and the matching seed passes."""
+    """init_from's run, recorded before stage.split_seed existed, drew basic's split with its train.seed=42;
+    scoring basic under another split seed would include problems it trained on, so that is refused. Its split
+    seed, whatever this run's training seed, passes."""
     earlier = tmp_path / "basic_run"
     (earlier / ".hydra").mkdir(parents=True)
     (earlier / ".hydra" / "config.yaml").write_text("train:\n  seed: 42\nstage:\n  name: basic\n")
     args = ["debug=smoke", "stage=intermediate", f"init_from={earlier}", "eval.forgetting_sets=[basic]"]
-    with pytest.raises(ConfigError, match=r"trained basic with train.seed=42.*set train.seed=42") as err:
-        validate(compose_cfg([*args, "train.seed=1"], tmp_path))
+    with pytest.raises(ConfigError, match=r"trained basic on the split of split seed 42.*set stage.split_seed=42") as err:
+        validate(compose_cfg([*args, "stage.split_seed=7"], tmp_path))
     assert "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match="train.seed=42"):
+    with pytest.raises(ConfigError, match="stage.split_seed=42"):
         validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={earlier}", "eval.sets=[intermediate,basic]",
-                              "train.seed=7"], tmp_path))
-    validate(compose_cfg([*args, "train.seed=42"], tmp_path))
-    validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={earlier}", "train.seed=1"], tmp_path))
+                              "stage.split_seed=7"], tmp_path))
+    validate(compose_cfg([*args, "train.seed=1"], tmp_path))  # the training seed no longer moves the split
+    validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={earlier}", "stage.split_seed=7"], tmp_path))
 
 
-def _recorded_run(path, stage: str, seed: int, init_from=None):
+def _recorded_run(path, stage: str, seed: int, init_from=None, split_seed=None):
     """A run directory as a finished run leaves it, as far as the checks read it: its .hydra/config.yaml."""
     (path / ".hydra").mkdir(parents=True)
     earlier = f"init_from: {init_from}\n" if init_from else ""
-    (path / ".hydra" / "config.yaml").write_text(f"{earlier}train:\n  seed: {seed}\nstage:\n  name: {stage}\n")
+    split = f"  split_seed: {split_seed}\n" if split_seed is not None else ""
+    (path / ".hydra" / "config.yaml").write_text(f"{earlier}train:\n  seed: {seed}\nstage:\n  name: {stage}\n{split}")
     return path
 
 
 def test_the_whole_init_from_chain_is_checked(tmp_path):
-    """basic (seed 42) -> two_step (seed 42, from basic's model/) -> a third stage under seed 1 that scores
-    basic only: basic's split was drawn two runs back (the last run trained two_step), and scoring it under seed 1
-    is refused; under 42 it passes."""
-    basic = _recorded_run(tmp_path / "1_basic", "basic", 42)
-    two_step = _recorded_run(tmp_path / "2_two_step", "two_step", 42, init_from=basic / "model")
+    """basic (split seed 5) -> two_step (split seed 42, from basic's model/) -> a third stage that scores
+    basic only: basic's split was cut two runs back (the last run trained two_step), and scoring it under
+    split seed 42 is refused; under 5 it passes."""
+    basic = _recorded_run(tmp_path / "1_basic", "basic", 1, split_seed=5)
+    two_step = _recorded_run(tmp_path / "2_two_step", "two_step", 1, init_from=basic / "model", split_seed=42)
     args = ["debug=smoke", "stage=intermediate", f"init_from={two_step}", "eval.forgetting_sets=[basic]"]
-    with pytest.raises(ConfigError, match=rf"init_from={two_step} continues {basic}/model, which trained basic with "
-                                          rf"train.seed=42.*set train.seed=42") as err:
-        validate(compose_cfg([*args, "train.seed=1"], tmp_path))
+    with pytest.raises(ConfigError, match=rf"init_from={two_step} continues {basic}/model, which trained basic on "
+                                          rf"the split of split seed 5.*set stage.split_seed=5") as err:
+        validate(compose_cfg(args, tmp_path))
     assert "\n" not in str(err.value)
-    validate(compose_cfg([*args, "train.seed=42"], tmp_path))
-    # scoring only the stages trained under this run's seed passes
-    _recorded_run(tmp_path / "3_two_step", "two_step", 1, init_from=basic)
+    validate(compose_cfg([*args, "stage.split_seed=5", "train.seed=3"], tmp_path))
+    # scoring only the stages cut with this run's split seed passes
+    _recorded_run(tmp_path / "3_two_step", "two_step", 1, init_from=basic, split_seed=42)
     validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={tmp_path / '3_two_step'}",
-                          "eval.forgetting_sets=[two_step]", "train.seed=1"], tmp_path))
+                          "eval.forgetting_sets=[two_step]", "train.seed=9"], tmp_path))
 
 
 def test_a_looping_init_from_chain_ends(tmp_path):
@@ -121,7 +123,7 @@ def test_a_looping_init_from_chain_ends(tmp_path):
     _recorded_run(first, "basic", 42, init_from=second)
     _recorded_run(second, "two_step", 42, init_from=first)
     validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={second}", "eval.forgetting_sets=[basic]",
-                          "train.seed=42"], tmp_path))
-    with pytest.raises(ConfigError, match="trained basic with train.seed=42"):
+                          "train.seed=3"], tmp_path))
+    with pytest.raises(ConfigError, match="trained basic on the split of split seed 42"):
         validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={second}",
-                              "eval.forgetting_sets=[basic]", "train.seed=3"], tmp_path))
+                              "eval.forgetting_sets=[basic]", "stage.split_seed=3"], tmp_path))
