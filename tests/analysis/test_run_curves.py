@@ -21,3 +21,12 @@ def test_curves_png_from_history_and_before_after(tmp_path):
 def test_no_curves_without_logged_steps(tmp_path):
     (tmp_path / "history.jsonl").write_text("")
     assert write_curves(tmp_path) is None and not (tmp_path / "curves.png").exists()
+
+
+def test_the_step_axis_says_cumulative_only_for_a_later_stage():
+    from grpo_exp.analysis.plots import step_label
+
+    one_stage = {"history": [{"step": 1, "global_step": 1}, {"step": 2}]}
+    later_stage = {"history": [{"step": 1, "global_step": 91}]}
+    assert step_label([one_stage]) == "step"
+    assert step_label([one_stage, later_stage]) == "step (cumulative over stages)"
