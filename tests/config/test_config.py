@@ -162,7 +162,7 @@ def test_intermediate_from_basic_experiment_composes_the_runs_the_readme_reports
 
 
 def test_ewc_lambda_experiment_is_the_ladder_scored_on_validation(tmp_path):
-    # docs/results/ewc-lambda.md ran `experiment=ladder eval.split=validation` and its branches; the experiment
+    # docs/results/superseded/ewc-lambda.md ran `experiment=ladder eval.split=validation` and its branches; the experiment
     # that documents the choice must compose those runs, and differ from the ladder only in split and lambda
     params = OmegaConf.load(CONF_DIR / "experiment" / "ewc_lambda.yaml").hydra.sweeper.params
     assert params["ewc.lambda"] == "0,100,1000,10000,100000"
@@ -175,7 +175,7 @@ def test_ewc_lambda_experiment_is_the_ladder_scored_on_validation(tmp_path):
 
 
 def test_replay_share_experiment_is_plain_grpo_on_the_validation_ladder(tmp_path):
-    # docs/results/replay-share.md is read beside experiment=ewc_lambda's lambda-0 job: each share must be that
+    # docs/results/superseded/replay-share.md is read beside experiment=ewc_lambda's lambda-0 job: each share must be that
     # job with replay alone changed
     params = OmegaConf.load(CONF_DIR / "experiment" / "replay_share.yaml").hydra.sweeper.params
     assert params["curriculum.replay"] == "0.1,0.2,0.4"
