@@ -142,10 +142,12 @@ def sections(jobs: list[dict], df: pd.DataFrame, labels: list[str], seed_labels:
         out.append(Section("seeds", "Each variant over seeds",
                            "Held-out accuracy (`eval_<set>_accuracy`, on the split in `split`) and its difference "
                            "from the base model on the same problems (`eval_<set>_diff`) over the variant's seeds "
-                           "(`seeds`: n; each seed draws its own held-out problems): mean, min..max, the 95% t "
-                           "interval of the mean over the n seeds (n - 1 degrees of freedom) and the 95% interval "
-                           "of all its seeds' problems pooled (Wilson; paired for the difference). Ranked on the "
-                           "validation split only.", seed_summary.display(seeds)))
+                           "(`seeds`: n training runs, which score the same held-out problems where they share "
+                           "`stage.split_seed`): mean, min..max and the 95% t interval of the mean over the n seeds "
+                           "(n - 1 degrees of freedom); for the difference, the t test's p over seeds and the claim "
+                           "it supports (under 5 seeds: not yet shown); and the 95% interval of all its seeds' "
+                           "problems pooled, which holds the trained models fixed (Wilson; paired for the "
+                           "difference). Ranked on the validation split only.", seed_summary.display(seeds)))
     out += continual_sections(jobs, seed_labels)
     fifths = fifths_table(df, labels)
     if not fifths.empty:
