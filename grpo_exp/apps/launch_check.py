@@ -5,17 +5,24 @@ Whoever reaches the app's page can start processes as the app's user, so the app
 
 - `group=option` for the groups the Launch tab shows (LAUNCH_GROUPS), with an option from conf/<group>/;
 - `key=value` for a key of the schema (grpo_exp/config/schema.py), `+`/`++` prefixed or not, with a literal value:
-  no interpolation (`${oc.env:...}` reads the app's environment), no sweep. Names (model.name, logger.project, ...)
-  are plain names: some become file names. Paths are confined: init_from, stage.path and a local model.id or
-  stage.hub_id must resolve (symlinks followed) under the app's outputs folder or this package, logger.dir (written
-  to) under the outputs folder.
+  no interpolation (`${oc.env:...}` reads the app's environment) in the value as Hydra parses it, so after its
+  unescaping (`$\\{` becomes `${`), no backslash outside the free-text system prompt, no sweep. Names
+  (model.name, logger.project, ...) are plain names: some become file names. Paths are confined: init_from,
+  stage.path, curriculum.branch_from and a local model.id or stage.hub_id must resolve (symlinks followed) under
+  the app's outputs folder or this package, logger.dir (written to) under the outputs folder. They are checked
+  again on the composed, resolved config, and the child gets each path it was given as checked (resolved), so a
+  symlink swapped after the check changes nothing.
+- nothing that sends data off the machine: no hub upload (push_to_hub, hub_model_id, hub_private), no online
+  logging (logger.mode=online, logger.entity);
+- values within the app's bounds (launch_bounds.py: steps, checkpoints kept, model sizes, tokens, samples).
 
 Everything else is refused with one line naming the bad item and what is accepted: Hydra's own settings (`hydra.*`,
 `+hydra.callbacks...` would make Hydra instantiate any callable), flags (`-m`, `--config-dir`), deletions (`~key`),
 `resume` and `paths.*` (they choose where a run writes), `train.extra` (passed to TRL unchecked, output_dir among
 its keys) and anything not a schema key. The list that passes is then composed and validated
 (grpo_exp.config.checks.validate) as the run itself would, so a bad value is refused before a process starts. The
-child gets an argument list, never a shell line: `;` or `$(...)` in a value are just characters.
+child gets an argument list, never a shell line: `;` or `$(...)` in a value are just characters. A refusal names
+the item as typed and never a value the app resolved (a symlink's target, an environment variable).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import grpo_exp
+from grpo_exp.apps import launch_bounds
 from grpo_exp.base.text import error_line
 from grpo_exp.config.options import CONF_DIR, group_options
 
@@ -38,7 +46,7 @@ LAUNCH_GROUPS = ["model", "stage", "reward", "quantization", "peft", "cpu", "log
 PACKAGE_DIR = Path(grpo_exp.__file__).resolve().parent
 
 # keys read from a path: confined to the outputs folder or the package
-READ_PATHS = ("init_from", "stage.path", "checkpoint")
+READ_PATHS = ("init_from", "stage.path", "checkpoint", "curriculum.branch_from")
 WRITE_PATHS = ("logger.dir",)  # written to: the outputs folder only
 HUB_OR_PATH = ("model.id", "stage.hub_id")  # a hub id (org/name), or a local folder read like READ_PATHS
 FREE_TEXT = ("reward.system_prompt",)  # any text: it only goes into the prompts
@@ -49,9 +57,20 @@ NOT_OFFERED = {
     "train.extra": "train.extra passes settings to TRL unchecked (output_dir and logging_dir among them); "
                    "set it on the command line",
     "task_name": "task_name names the entrypoint and its log file; the app runs grpo_exp.train",
+    "push_to_hub": "uploads to the hub are not offered from the app (they would use this machine's hub login); "
+                   "push on the command line",
+    "hub_model_id": "uploads to the hub are not offered from the app; push on the command line",
+    "hub_private": "uploads to the hub are not offered from the app; push on the command line",
+    "logger.entity": "a wandb entity matters only when logging online, which the app does not offer; runs log "
+                     "offline (wandb sync uploads them later)",
 }
+OFFLINE_MODES = ("offline", "disabled")  # logger.mode: what the app offers (online sends the run to a server)
 NAME = re.compile(r"[A-Za-z0-9_.+-]*")
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+INTERPOLATION = ("interpolations (${...}, escaped or not) are not accepted from the app (they read its "
+                 "environment and files); give the value itself")
 
 
 class LaunchRefused(ValueError):
@@ -117,13 +136,19 @@ def inside(path: str | Path, roots: list[Path], cwd: Path) -> Path | None:
     return resolved if any(resolved.is_relative_to(root.resolve()) for root in roots) else None
 
 
-def _confined(key: str, value: str, roots: list[Path], cwd: Path) -> None:
+def _confined(key: str, value: str, roots: list[Path], cwd: Path) -> Path:
+    """The path as checked (resolved from cwd, symlinks followed); LaunchRefused if it lies outside `roots`. The
+    refusal never shows the resolved path: a symlink's target is not the user's to learn."""
     where = " or ".join(str(r) for r in roots)
     if value.startswith("~"):
         raise LaunchRefused(f"'~' is not expanded here; give {key} a path under {where}")
-    if inside(value, roots, cwd) is None:
-        raise LaunchRefused(f"it resolves to {(cwd / value).resolve()}, outside the folders the app reads and "
-                            f"writes; give {key} a path under {where}")
+    resolved = inside(value, roots, cwd)
+    if resolved is None:
+        raise LaunchRefused(f"it lies outside the folders the app reads and writes (symlinks followed); give {key} "
+                            f"a path under {where}")
+    if any(c in str(resolved) for c in "$\\'"):  # the run gets it as a quoted Hydra value: nothing to interpret
+        raise LaunchRefused(f"the path {key} leads to holds $, a backslash or a quote, which the app does not pass on")
+    return resolved
 
 
 def _strings(value: Any):
@@ -146,23 +171,28 @@ def _model_packages() -> list[str]:
     return sorted({str(p) for p in found if p})
 
 
-def _check_value(key: str, value: Any, outputs: Path, cwd: Path) -> None:
-    """The rules beyond the schema's types for the keys that name files, folders, packages and names."""
+def _check_value(key: str, value: Any, outputs: Path, cwd: Path) -> Path | None:
+    """The rules beyond the schema's types for the keys that name files, folders, packages and names; for a path,
+    the path as checked (resolved), which is what the run is given."""
     if value is None or key in FREE_TEXT:
-        return
+        return None
     text = str(value)
     read_roots = [outputs, PACKAGE_DIR]
     if key in READ_PATHS:
-        _confined(key, text, read_roots, cwd)
-    elif key in WRITE_PATHS:
-        _confined(key, text, [outputs], cwd)
-    elif key in HUB_OR_PATH:
+        return _confined(key, text, read_roots, cwd)
+    if key in WRITE_PATHS:
+        return _confined(key, text, [outputs], cwd)
+    if key in HUB_OR_PATH:
         # a local folder is read wherever it is named so (transformers and datasets look there first)
         if HUB_ID.fullmatch(text) and ".." not in text and not (cwd / text).exists():
-            return
+            return None
         if not (cwd / text).exists() and not text.startswith(("/", ".", "~")):
-            raise LaunchRefused(f"{text} is neither a hub id of the form org/name nor an existing folder")
-        _confined(key, text, read_roots, cwd)
+            raise LaunchRefused(f"{key} is neither a hub id of the form org/name nor an existing folder")
+        return _confined(key, text, read_roots, cwd)
+    if key == "logger.mode":
+        if text not in OFFLINE_MODES:
+            raise LaunchRefused(f"the app logs only {' or '.join(OFFLINE_MODES)} (online would send the run to a "
+                                f"server with this machine's login); wandb sync uploads an offline run later")
     elif key == "model.package":
         packages = _model_packages()
         if text not in packages:
@@ -172,17 +202,28 @@ def _check_value(key: str, value: Any, outputs: Path, cwd: Path) -> None:
             if not NAME.fullmatch(item) or ".." in item:
                 raise LaunchRefused(f"{key} takes names of letters, digits and . _ + - (some become file names), "
                                     f"not {item!r}")
+    return None
 
 
-def check_item(item: str, outputs: Path, cwd: Path) -> None:
-    """One override against the allowlist; raises LaunchRefused naming it."""
+def check_item(item: str, outputs: Path, cwd: Path) -> str:
+    """One override against the allowlist; raises LaunchRefused naming it. Returns the override the run gets: the
+    item itself, or for a path its resolved form (what was checked is what the run reads)."""
     try:
-        _check_item(item, outputs, cwd)
+        resolved = _check_item(item, outputs, cwd)
     except LaunchRefused as err:
         raise LaunchRefused(f"'{item}': {err}") from None
+    if resolved is None:
+        return item
+    return f"{item.split('=', 1)[0]}={_quoted(str(resolved))}"
 
 
-def _check_item(item: str, outputs: Path, cwd: Path) -> None:
+def _quoted(value: str) -> str:
+    """A checked path as one quoted Hydra value (it may hold spaces, brackets or commas; _confined refused the
+    characters a quoted value would still interpret)."""
+    return f"'{value}'"
+
+
+def _check_item(item: str, outputs: Path, cwd: Path) -> Path | None:
     if item.startswith("-"):
         raise LaunchRefused("the app takes key=value overrides, not flags (-m, --multirun, --config-dir, ...); "
                             "sweeps and flags go on the command line (python -m grpo_exp.train -m ...)")
@@ -198,8 +239,7 @@ def _check_item(item: str, outputs: Path, cwd: Path) -> None:
     if "@" in key:
         raise LaunchRefused("package overrides (key@package=...) are not offered")
     if "${" in item:
-        raise LaunchRefused("interpolations (${...}) are not accepted from the app (they read its environment "
-                            "and files); give the value itself")
+        raise LaunchRefused(INTERPOLATION)
     if key in LAUNCH_GROUPS:
         if raw_key != key:
             raise LaunchRefused(f"{key} is a config group: choose its option as {key}=<option>, without '+'")
@@ -225,7 +265,15 @@ def _check_item(item: str, outputs: Path, cwd: Path) -> None:
         raise LaunchRefused(f"{key} is a section; set one of its keys ({key}.<key>=value)" if section else _unknown(key))
     if parsed.is_sweep_override():
         raise LaunchRefused("a sweep runs several runs; the app runs one (sweeps go on the command line with -m)")
-    _check_value(key, parsed.value(), outputs, cwd)
+    value = parsed.value()
+    # Hydra unescapes \{ \} \: (and OmegaConf reads \${ back as ${): after parsing, no ${ may be left, and no
+    # backslash outside free text, where it is a character of the prompt
+    if any("${" in text for text in _strings(value)):
+        raise LaunchRefused(INTERPOLATION)
+    if "\\" in raw_value and key not in FREE_TEXT:
+        raise LaunchRefused("a backslash is not accepted here (Hydra's grammar reads it as an escape); give the "
+                            "value itself")
+    return _check_value(key, value, outputs, cwd)
 
 
 @functools.cache
@@ -235,10 +283,13 @@ def _parser():
     return OverridesParser.create()
 
 
-def check_items(items: list[str], outputs: Path, cwd: Path) -> None:
-    """Each override against the allowlist, without composing (quick enough for every keystroke)."""
-    for item in items:
-        check_item(item, outputs, cwd)
+def check_items(items: list[str], outputs: Path, cwd: Path) -> list[str]:
+    """Each override against the allowlist, without composing (quick enough for every keystroke); returns the
+    overrides the run gets (paths resolved)."""
+    too_many = launch_bounds.item_count(items)
+    if too_many:
+        raise LaunchRefused(too_many)
+    return [check_item(item, outputs, cwd) for item in items]
 
 
 def compose_train(overrides: list[str]):
@@ -257,25 +308,51 @@ _COMPOSE_LOCK = threading.Lock()
 
 
 def check(items: list[str], outputs: Path, cwd: Path):
-    """The allowlist, then the config the run would get, composed and validated: returns it, or raises
-    LaunchRefused with one line. Nothing is started or written."""
+    """The allowlist, then the config the run would get, composed and validated: returns (config, the overrides
+    the run gets), or raises LaunchRefused with one line. Nothing is started or written."""
     from hydra.core.global_hydra import GlobalHydra
 
     from grpo_exp.base.errors import ConfigError
     from grpo_exp.config.checks import validate
     from grpo_exp.config.compose import compose, compose_error
 
-    check_items(items, outputs, cwd)
+    items = check_items(items, outputs, cwd)
     with _COMPOSE_LOCK:  # compose_error composes again to list the valid keys
         GlobalHydra.instance().clear()
         try:
             cfg = compose("train", items)
         except Exception as err:
             raise LaunchRefused(compose_error("train", items, err)) from None
+    check_composed(cfg, outputs, cwd)  # before validating: the app's own bounds are the first thing to say
     try:
         validate(cfg)
     except ConfigError as err:
         raise LaunchRefused(str(err)) from None
     except Exception as err:  # a value left missing (model=custom without model.id), say
         raise LaunchRefused(error_line(err, chain=True)) from None
-    return cfg
+    return cfg, items
+
+
+def check_composed(cfg, outputs: Path, cwd: Path) -> None:
+    """What the composed, resolved config must hold whoever set it (an option's YAML, a default, an override):
+    every path confined, logging offline, every value within the app's bounds."""
+    from omegaconf import OmegaConf
+
+    for key in (*READ_PATHS, *WRITE_PATHS, *HUB_OR_PATH):
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        except Exception:  # an interpolation that cannot be resolved here
+            raise LaunchRefused(f"{key} cannot be resolved before the run starts; give it a plain path") from None
+        if value is not None:
+            try:
+                _check_value(key, value, outputs, cwd)
+            except LaunchRefused as err:
+                raise LaunchRefused(f"{key} of the composed config: {err}") from None
+    if cfg.logger.name != "none" and cfg.logger.mode not in OFFLINE_MODES:
+        raise LaunchRefused(f"logger.mode={cfg.logger.mode} of the composed config: the app logs only "
+                            f"{' or '.join(OFFLINE_MODES)}")
+    if cfg.push_to_hub:
+        raise LaunchRefused("push_to_hub=true of the composed config: uploads to the hub are not offered from the app")
+    bound = launch_bounds.check(cfg)
+    if bound:
+        raise LaunchRefused(bound)

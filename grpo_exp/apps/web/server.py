@@ -1,17 +1,22 @@
 """The web app's command line (`python -m grpo_exp.app`, `grpo-app`): its arguments, the login (--auth or
 GRPO_APP_AUTH, required for any --host but a loopback one), the checks before Gradio starts (port free,
-outputs a folder, gradio installed), and serving the page until Ctrl-C; the run it started goes on."""
+outputs a folder, gradio installed), and serving the page until Ctrl-C or SIGTERM. On any exit the app stops
+the run it started (SIGTERM: it keeps its last checkpoint) and removes its temporary folder (the report's plots
+and Gradio's own files)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
 import shutil
+import signal
 import socket
 import sys
 from pathlib import Path
 
+from grpo_exp.apps import launch_bounds
 from grpo_exp.apps.web.common import EXIT_BAD_INPUT
 from grpo_exp.apps.web.page import build
 from grpo_exp.apps.web.state import App
@@ -30,6 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--outputs", default="outputs", help="the folder of runs to browse, where launched runs go "
                                                              "(default: outputs)")
+    parser.add_argument("--pass-credentials", action="store_true",
+                        help="hand this environment's hub and wandb tokens (HF_TOKEN, WANDB_API_KEY, ...) to the runs "
+                             "the app starts, for gated models; without it runs get none, and uploads and online "
+                             "logging are never offered from the app")
     parser.add_argument("--auth", default=None, metavar="USER:PASSWORD",
                         help=f"a login for the page and the API (default: ${AUTH_ENV}, else none); needed for any "
                              f"--host but 127.0.0.1 (which every user of this machine reaches)")
@@ -86,34 +95,43 @@ def main(argv: list[str] | None = None) -> int:
     if outputs.exists() and not outputs.is_dir():
         print(f"error: --outputs {outputs} is a file, not a folder", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        import gradio  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("gradio") is None:
         print("error: the web app needs gradio, which is not installed; run pip install -e '.[app]' "
               "(make setup does)", file=sys.stderr)
         return EXIT_BAD_INPUT
     log.set_level("INFO")
     # No network here or on many clusters: no analytics pings, and system fonts instead of Google's.
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    app = App(outputs)
-    demo = build(app)
-    demo.queue(default_concurrency_limit=4)
-    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True, ssr_mode=False,
-                show_error=True, allowed_paths=[str(outputs), str(app.report_dir)], theme=_theme(),
-                footer_links=[], auth=auth)
-    url = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}/"
-    print(f"grpo-exp app: {url}  (outputs: {outputs}; Ctrl-C to quit)", flush=True)
-    if auth is None:
-        logger.info("no login (--auth): every user of this machine can reach %s and start runs", url)
+    app = App(outputs, pass_credentials=args.pass_credentials)
+    # Gradio's own files (uploads, cached outputs) go into the app's temporary folder, removed on exit; Gradio
+    # reads this when imported, and build() imports it
+    os.environ["GRADIO_TEMP_DIR"] = str(app.report_dir / "gradio")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # SIGTERM ends the app as Ctrl-C does: the cleanup below runs
     try:
+        demo = build(app)
+        demo.queue(default_concurrency_limit=4)
+        demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
+                    ssr_mode=False, show_error=True, allowed_paths=[str(outputs), str(app.report_dir)],
+                    theme=_theme(), footer_links=[], auth=auth, max_file_size=launch_bounds.MAX_FILE_SIZE)
+        url = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}/"
+        print(f"grpo-exp app: {url}  (outputs: {outputs}; Ctrl-C to quit)", flush=True)
+        if auth is None:
+            logger.info("no login (--auth): every user of this machine can reach %s and start runs", url)
         demo.block_thread()
     except KeyboardInterrupt:
         pass
     finally:
         app.launcher.on_exit()
-        demo.close()
+        with contextlib.suppress(Exception):
+            demo.close()
         shutil.rmtree(app.report_dir, ignore_errors=True)
     return 0
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _theme():

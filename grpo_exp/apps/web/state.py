@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from grpo_exp.apps import launch_check
+from grpo_exp.apps import launch_bounds, launch_check
 from grpo_exp.apps.launch_check import LaunchRefused
 from grpo_exp.apps.web.common import REFUSED, mtime
 from grpo_exp.apps.web.runner import Launcher
@@ -20,11 +20,11 @@ logger = log.get_logger(__name__)
 class App:
     """What the Gradio Blocks (web/page.py) work on: the outputs folder, the launched run, loaded models."""
 
-    def __init__(self, outputs: Path):
+    def __init__(self, outputs: Path, pass_credentials: bool = False):
         from grpo_exp.analysis.playground import Models
 
         self.outputs = outputs
-        self.launcher = Launcher(outputs)
+        self.launcher = Launcher(outputs, pass_credentials)
         self.models = Models()
         # the report's PNGs are written here, not into the runs (browsing must not change them)
         self.report_dir = Path(tempfile.mkdtemp(prefix="grpo-app-reports-"))
@@ -35,6 +35,9 @@ class App:
         """The run directory of a run started with these overrides (text, split as a shell splits words, run
         without one), or "refused: <why>" in one line with nothing started: the /launch API and the Launch button."""
         try:
+            too_big = launch_bounds.request_size(overrides)
+            if too_big:  # before splitting or composing: a huge box would hold the cores and the compose lock
+                raise LaunchRefused(too_big)
             launch = self.launcher.start(launch_check.split(overrides))
         except LaunchRefused as err:
             line = str(err).replace("\r", "\\r").replace("\n", "\\n")  # a quoted value may hold a line break
