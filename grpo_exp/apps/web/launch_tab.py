@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 
-from grpo_exp.apps import launch_check
+from grpo_exp.apps import launch_bounds, launch_check
 from grpo_exp.apps.launch_check import LAUNCH_GROUPS, compose_train
 from grpo_exp.apps.web.common import REFUSED, verbatim
 from grpo_exp.apps.web.runner import display_command, launch_state
@@ -124,6 +124,9 @@ def launch_tab(app: App, gr, demo) -> None:
         return choices, nums, args[-2], args[-1]
 
     def show_command(*args):
+        too_big = launch_bounds.request_size(str(args[-1] or ""))  # the box, before it is split
+        if too_big:
+            return f"# {REFUSED}{too_big}"
         try:
             overrides = build_overrides(*read_form(args))
             launch_check.check_items(overrides, app.outputs, app.launcher.cwd)  # the quick part of the check
