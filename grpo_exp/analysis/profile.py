@@ -52,7 +52,7 @@ def run(args) -> int:
 
     if args.path == "engine":
         try:
-            decode, head, label = _engine_round(args, model, tokenizer, prompts, pad)
+            decode, head, label = _engine_round(args, cfg, model, tokenizer, prompts, pad)
             precision = str(head.dtype).replace("torch.", "")  # the copy's dtype
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
@@ -123,7 +123,23 @@ def run(args) -> int:
     return 0
 
 
-def _engine_round(args, model, tokenizer, prompts, pad):
+def engine_plan(cfg, prepack: str):
+    """The speed plan training would make for the engine on this machine (config/speed.resolve: compile and packing
+    resolved as a run resolves them), with `--prepack` true or false naming the packing itself."""
+    from omegaconf import OmegaConf
+
+    from grpo_exp.config import speed
+
+    node = OmegaConf.merge(cfg.speed, {"generation": "engine", "rollout_dtype": "auto"})
+    plan = speed.resolve(node, cfg.train, device="cpu")
+    if prepack == "auto":
+        return plan
+    import dataclasses
+
+    return dataclasses.replace(plan, rollout_prepack=prepack == "true")
+
+
+def _engine_round(args, cfg, model, tokenizer, prompts, pad):
     """A decoding round through the rollout engine as training builds it (the machine's native dtype, compiled
     where a C++ compiler is): (the timed round, the copy's LM head weight, a label)."""
     import torch
@@ -137,10 +153,11 @@ def _engine_round(args, model, tokenizer, prompts, pad):
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True  # the compiled step's kernels listed by name
-    engine = rollout.RolloutEngine(model, dtype=rollout.native_dtype(), compile="auto", max_new_tokens=args.tokens,
-                                   temperature=1.0, top_k=0, top_p=1.0, eos_token_ids=[tokenizer.eos_token_id],
-                                   pad_token_id=pad, min_new_tokens=args.tokens,
-                                   prepack={"true": True, "false": False}.get(args.prepack, "auto"),
+    plan = engine_plan(cfg, args.prepack)
+    engine = rollout.RolloutEngine(model, dtype=plan.weight_dtype(), compile=plan.rollout_compile,
+                                   max_new_tokens=args.tokens, temperature=1.0, top_k=0, top_p=1.0,
+                                   eos_token_ids=[tokenizer.eos_token_id], pad_token_id=pad,
+                                   min_new_tokens=args.tokens, prepack=plan.rollout_prepack,
                                    attention_decode=args.attention_decode)
     prompt_ids = tokenizer(prompts)["input_ids"]
 

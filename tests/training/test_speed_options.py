@@ -231,3 +231,23 @@ def test_the_profile_apps_choices_are_the_trainings_own():
     assert choices["attention_decode"] == speed.ATTENTION_DECODES == attention.DECODE_LAYOUTS
     assert set(choices["precision"]) == set(PRECISIONS)
     assert choices["prepack"] == ("auto", "true", "false")
+
+
+def test_the_profile_reads_the_plan_on_a_machine_that_cannot_pack(monkeypatch, tmp_path, tiny_model):
+    """--prepack auto resolves as a run's plan does: where the machine cannot pack Linear weights it decodes
+    with plain ones (it once passed the string "auto" on to the engine, which demanded packing and raised)."""
+    from grpo_exp.analysis.profile import engine_plan
+    from grpo_exp.kernels import packed_linear
+    from grpo_exp.training import rollout
+    from tests.conftest import compose_cfg
+
+    monkeypatch.setattr(packed_linear, "unsupported_reason", lambda dtype, device: "no packing on this machine")
+    cfg = compose_cfg([], tmp_path)
+    plan = engine_plan(cfg, "auto")
+    assert plan.rollout_prepack is False and isinstance(plan.rollout_compile, bool)
+    assert engine_plan(cfg, "true").rollout_prepack is True and engine_plan(cfg, "false").rollout_prepack is False
+    model, tokenizer = tiny_model
+    engine = rollout.RolloutEngine(model, dtype=plan.weight_dtype(), compile=False, prepack=plan.rollout_prepack,
+                                   max_new_tokens=2, eos_token_ids=[tokenizer.eos_token_id],
+                                   pad_token_id=tokenizer.eos_token_id)
+    assert not engine.packed  # the Linear layers it packed: none
