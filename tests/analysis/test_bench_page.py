@@ -76,6 +76,7 @@ def _after_date(text: str) -> str:
     return text.split("- **Date:**")[1].split("\n", 1)[1]
 
 
+@pytest.mark.slow  # grpo-report in a subprocess
 def test_bench_page_header_tables_and_regeneration(tmp_path):
     bench = tmp_path / "bench"
     bench.mkdir()
@@ -139,6 +140,7 @@ def test_an_older_bench_json_says_what_it_did_not_record(tmp_path):
         bench_page.table_markdown(tmp_path, "rounds")
 
 
+@pytest.mark.slow  # grpo-report in a subprocess
 def test_report_options_for_a_bench_are_checked(tmp_path):
     (tmp_path / "bench.json").write_text(json.dumps(bench_json()))
     proc = _report(tmp_path)
@@ -160,6 +162,7 @@ def child(name: str, kind: str, step_s: float) -> dict:
     return res
 
 
+@pytest.mark.slow  # grpo-report in a subprocess
 def test_grpo_bench_writes_the_page_after_the_bench(tmp_path, monkeypatch):
     """grpo-bench --page: bench.json records the command, the commit, the dates and the versions; the page
     says grpo-bench made it and how grpo-report makes it again, which gives the same tables."""

@@ -159,7 +159,11 @@ def test_a_run_recorded_before_speed_vllm_memory_resumes(tmp_path):
     recorded = {k: v for k, v in training_settings(compose_cfg(["debug=smoke"], tmp_path)).items()
                 if not k.endswith("speed.vllm_memory")}
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
-    record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)
+    record_or_compare(compose_cfg(["debug=smoke", "resume=true"], tmp_path), tmp_path)  # raises on a change
+    assert json.loads((tmp_path / SETTINGS_FILE).read_text()) == recorded  # nothing changed, nothing rewritten
+    changed = compose_cfg(["debug=smoke", "resume=true", "speed.vllm_memory=0.5"], tmp_path)
+    with pytest.raises(ConfigError, match="speed.vllm_memory"):  # a key it now records is compared
+        record_or_compare(changed, tmp_path)
 
 
 def test_the_settings_record_holds_what_the_plan_resolved(tmp_path):

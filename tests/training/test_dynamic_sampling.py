@@ -182,13 +182,13 @@ def test_two_processes_fill_alike_and_train_no_all_equal_group(local, n):
 
 
 @pytest.fixture
-def test_rewards(monkeypatch):
+def spread_and_half_rewards(monkeypatch):
     monkeypatch.setitem(rewards.REGISTRY, "vowel_fraction", vowel_fraction)
     monkeypatch.setitem(rewards.REGISTRY, "half_spread", half_spread)
 
 
 @pytest.mark.parametrize("generation", ["engine", "trl"])
-def test_no_all_equal_group_reaches_the_loss(generation, tmp_path, test_rewards):
+def test_no_all_equal_group_reaches_the_loss(generation, tmp_path, spread_and_half_rewards):
     """half_spread scores every completion of an odd-answer problem 0: its group is all equal, and its advantage
     0. With groups of 2 a group's advantages are 0 exactly when it is all equal, so every completion that reaches
     the loss (a completion-mask token) must carry a non-zero advantage."""
@@ -234,7 +234,7 @@ def _never_rewarded(tmp_path, draws: int = 2):
     return trainer, seen, moved, drawn, prompts
 
 
-def test_the_bound_holds_on_a_model_that_never_gets_a_reward(tmp_path, test_rewards):
+def test_the_bound_holds_on_a_model_that_never_gets_a_reward(tmp_path, spread_and_half_rewards):
     trainer, seen, moved, drawn, prompts = _never_rewarded(tmp_path, draws=2)
     steps = _steps(trainer)
     assert [row["dynamic_sampling/draws"] for row in steps] == [2, 2]  # max_draws extra rounds, no more
@@ -249,7 +249,7 @@ def test_the_bound_holds_on_a_model_that_never_gets_a_reward(tmp_path, test_rewa
     assert not moved
 
 
-def test_two_runs_with_the_same_seed_draw_the_same_prompts(tmp_path, test_rewards):
+def test_two_runs_with_the_same_seed_draw_the_same_prompts(tmp_path, spread_and_half_rewards):
     first = _never_rewarded(tmp_path / "a", draws=1)
     second = _never_rewarded(tmp_path / "b", draws=1)
     assert first[3] and first[3] == second[3]  # the drawn dataset indices
@@ -257,7 +257,7 @@ def test_two_runs_with_the_same_seed_draw_the_same_prompts(tmp_path, test_reward
     assert first[4][0] != first[4][1]  # an extra round scored other prompts than the first
 
 
-def test_advantages_follow_trls_formula(tmp_path, test_rewards):
+def test_advantages_follow_trls_formula(tmp_path, spread_and_half_rewards):
     """What fill_batch computes over a spliced batch, against TRL's own advantages of a round, for each scaling and
     aggregation (one optimizer step each, dynamic sampling off)."""
     settings = [("batch", "sum_then_normalize"), ("group", "sum_then_normalize"), ("none", "sum_then_normalize"),
