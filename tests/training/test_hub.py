@@ -158,8 +158,10 @@ class Session:
     """huggingface_hub's HTTP session, answering the pre-check's request as `Session.answer` says."""
 
     answer = 200
+    asked = 0  # requests made
 
     def get(self, url, headers, timeout):
+        Session.asked += 1
         assert url == f"{constants.ENDPOINT}/api/whoami-v2" and timeout == hub.CHECK_TIMEOUT_S
         assert headers == {"authorization": "Bearer hf_test"}
         if isinstance(Session.answer, Exception):
@@ -181,8 +183,11 @@ def online(monkeypatch):
 
 
 def test_precheck_passes_where_the_hub_answers(tmp_path, online):
-    hub.check(compose_cfg(["debug=smoke", "push_to_hub=true", "hub_model_id=me/tiny"], tmp_path))
-    hub.check(compose_cfg(["debug=smoke"], tmp_path))  # no push: nothing asked of the hub
+    Session.asked = 0
+    hub.check(compose_cfg(["debug=smoke", "push_to_hub=true", "hub_model_id=me/tiny"], tmp_path))  # raises if not
+    assert Session.asked == 1  # the token was shown to the hub once
+    hub.check(compose_cfg(["debug=smoke"], tmp_path))
+    assert Session.asked == 1  # no push: nothing asked of the hub
 
 
 @pytest.mark.parametrize("case,needle", [

@@ -259,6 +259,7 @@ def test_a_folder_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, capsys, cas
     assert not out.exists()
 
 
+@pytest.mark.slow  # a subprocess
 def test_the_command_line_as_a_user_runs_it(tmp_path):
     proc = run_module("grpo_exp.export_trl", str(tmp_path), "--out", str(tmp_path / "x.yaml"), timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
