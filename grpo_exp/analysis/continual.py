@@ -22,7 +22,7 @@ import pandas as pd
 
 from grpo_exp.analysis.seed_summary import DEFAULTS
 from grpo_exp.evaluation import seed_stats
-from grpo_exp.training.curriculum import paired_gain, stage_pair
+from grpo_exp.evaluation.continual import paired_gain, stage_pair
 
 
 def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict]]:

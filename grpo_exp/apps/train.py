@@ -17,16 +17,14 @@ def train_task(cfg) -> dict:
     if cfg.curriculum.stages:
         from hydra.core.hydra_config import HydraConfig
 
-        from grpo_exp.training.adaptive_run import run_adaptive
-        from grpo_exp.training.curriculum import run_curriculum
+        from grpo_exp.training import curriculum
 
         overrides = list(HydraConfig.get().overrides.task)
         if str(cfg.cpu.threads) != "auto":
             # each stage composes its own config from the overrides, and the task wrapper may have set
             # this job's threads itself (its share of the cores under a parallel launcher)
             overrides.append(f"cpu.threads={cfg.cpu.threads}")
-        run = run_adaptive if cfg.curriculum.mode == "adaptive" else run_curriculum
-        result = run(cfg, overrides)
+        result = curriculum.run(cfg, overrides)
         for history in sorted(Path(cfg.paths.output_dir).glob("*/history.jsonl")):  # one per stage
             show_outputs(history.parent)
         return result

@@ -35,7 +35,7 @@ from grpo_exp.core import data, models, rewards
 from grpo_exp.training import checkpoints, ewc, lora
 from grpo_exp.training.guards import GracefulStop, NonFiniteError
 from grpo_exp.training.model_card import write_cards
-from grpo_exp.training.replay import mixed_examples
+from grpo_exp.training.curriculum.replay import mixed_examples
 from grpo_exp.training.run_dir import RunLock, adopt_recorded_split, record_or_compare
 from grpo_exp.training.trainer import build_trainer, completions_per_step
 

@@ -21,9 +21,9 @@ from grpo_exp.base.io import disk_full_reason, state_bytes
 from grpo_exp.config.speed import SpeedPlan, resolve
 from grpo_exp.kernels import attention, embedding_grad, lean_reference, lean_saved
 from grpo_exp.training import checkpoints, guards, shared_prefix
-from grpo_exp.training.adaptive import AdaptiveSampler, StageMix, StageMixing, lag_rounds, pass_column
+from grpo_exp.training.curriculum.mix import AdaptiveSampler, StageMix, StageMixing, lag_rounds, pass_column
 from grpo_exp.training.dynamic_sampling import DynamicSampling
-from grpo_exp.training.replay import mix_stages
+from grpo_exp.training.curriculum.replay import mix_stages
 from grpo_exp.training.rollout import importance, trl_hook
 from grpo_exp.training.rollout.old_logps import padded_logps
 

@@ -5,7 +5,7 @@ import pytest
 
 from grpo_exp.analysis import continual, tables
 from grpo_exp.evaluation.stats import mcnemar_exact_p
-from grpo_exp.training.curriculum import transfer_metrics
+from grpo_exp.evaluation.continual import transfer_metrics
 
 
 def _curriculum(seed: int, base: list[list[int]], rows: list[list[list[int]]]) -> dict:
@@ -132,3 +132,17 @@ def test_an_adaptive_run_is_a_method_scored_against_its_start_model_and_the_prog
     # final models: a 1 of 4 (progressive forgot it) against 2 of 4; b 4 of 4 against 3 of 4
     assert versus.iloc[0]["a final, difference"].startswith("+0.250, 1 seeds: not yet shown")
     assert versus.iloc[0]["b final, difference"].startswith("-0.250, 1 seeds")
+
+
+@pytest.mark.slow  # a subprocess
+def test_the_report_loads_no_training_code():
+    """grpo-report draws the continual tables from evaluation's metrics: importing it loads neither TRL, nor
+    transformers, nor grpo_exp.training (a subprocess: this session has them loaded already)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, grpo_exp.analysis.report; "
+             "print(sorted(m for m in sys.modules if m in ('trl', 'transformers') or m.startswith('grpo_exp.training')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout

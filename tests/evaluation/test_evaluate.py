@@ -105,17 +105,16 @@ def test_gsm8k_jsonl_set_loads_and_scores(tmp_path, gsm8k_dir):
 def test_curriculum_scores_the_problems_evaluate_scores(tmp_path, gsm8k_dir, monkeypatch):
     """The accuracy matrix and `python -m grpo_exp.evaluate` read the same held-out problems, also for a
     GSM8K stage whose stage.num_test is below the limit."""
-    from grpo_exp.training import curriculum
+    from grpo_exp.training.curriculum import record
 
     cfg = compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=3", "eval.limit=3"], tmp_path)
     expected = load_sets(compose_cfg([f"stage.path={gsm8k_dir}", "stage=gsm8k", "stage.num_test=3",
                                       "eval.limit=3"], tmp_path, config_name="evaluate"))[0].examples
     assert len(expected) == 3
     seen = []
-    monkeypatch.setattr(curriculum.models, "load", lambda *a, **k: (None, None))
-    monkeypatch.setattr(curriculum, "evaluate", lambda model, tok, examples, **kw: (seen.append(examples) or {}, []))
-    curriculum._evaluate_dir(cfg.model, cfg.paths.cache_dir, None, [cfg], limit=3, batch_size=3,
-                             seed=cfg.train.seed)
+    monkeypatch.setattr(record.models, "load", lambda *a, **k: (None, None))
+    monkeypatch.setattr(record, "evaluate", lambda model, tok, examples, **kw: (seen.append(examples) or {}, []))
+    record.evaluate_dir(cfg.model, cfg.paths.cache_dir, None, [cfg], limit=3, batch_size=3, seed=cfg.train.seed)
     assert seen == [expected]
 
 

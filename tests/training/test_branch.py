@@ -9,7 +9,7 @@ import os
 import pytest
 
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.training import curriculum
+from grpo_exp.training.curriculum import record, sequential
 from grpo_exp.training.run_dir import SETTINGS_FILE, training_settings
 from tests.conftest import compose_cfg
 
@@ -44,14 +44,14 @@ def stubbed(monkeypatch):
         mark = 1 if model_dir else 0  # the base model gets all wrong, a trained one all right
         return [({"accuracy": float(mark)}, [mark] * limit) for _ in stage_cfgs]
 
-    monkeypatch.setattr(curriculum, "train", fake_train)
-    monkeypatch.setattr(curriculum, "_evaluate_dir", fake_scores)
-    monkeypatch.setattr(curriculum.cpu, "apply", lambda cpu_cfg: {})
+    monkeypatch.setattr(sequential, "train", fake_train)
+    monkeypatch.setattr(record, "evaluate_dir", fake_scores)
+    monkeypatch.setattr(sequential.cpu, "apply", lambda cpu_cfg: {})
     return trained
 
 
 def run(overrides, out):
-    return curriculum.run_curriculum(compose_cfg(overrides, out), overrides)
+    return sequential.run_curriculum(compose_cfg(overrides, out), overrides)
 
 
 def test_another_method_on_the_same_seed_takes_the_first_stage_and_trains_the_second(tmp_path, stubbed):

@@ -1,4 +1,4 @@
-"""The adaptive curriculum (curriculum=adaptive, grpo_exp/training/adaptive.py): the weights favour the stages whose
+"""The adaptive curriculum (curriculum=adaptive, grpo_exp/training/curriculum/mix.py): the weights favour the stages whose
 pass rate sits in the band, each round's draw reads the pass rates of the round before the last, the logged mix
 sums to 1, the state round-trips through a checkpoint and a resumed sampler draws what an uninterrupted one draws,
 bad settings fail in one line; and short tiny-model runs (a resume, the whole curriculum) complete and log it."""
@@ -16,7 +16,7 @@ import torch
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.checks import validate
 from grpo_exp.training import checkpoints
-from grpo_exp.training.adaptive import STATE_KEY, AdaptiveSampler, StageMix, StageMixing, lag_rounds
+from grpo_exp.training.curriculum.mix import STATE_KEY, AdaptiveSampler, StageMix, StageMixing, lag_rounds
 from tests.conftest import compose_cfg
 
 STAGES = ["basic", "intermediate", "advanced"]
@@ -294,7 +294,7 @@ def test_a_resumed_adaptive_run_draws_the_prompts_an_uninterrupted_one_draws(tmp
 
 @pytest.mark.slow
 def test_the_adaptive_curriculum_trains_once_and_scores_every_stage(tmp_path):
-    from grpo_exp.training.adaptive_run import run_adaptive
+    from grpo_exp.training.curriculum.adaptive import run_adaptive
 
     overrides = [*FAST, "train.max_steps=1", "curriculum=adaptive", "curriculum.stages=[basic,intermediate]",
                  "curriculum.eval_limit=3", "curriculum.eval_batch_size=3"]
@@ -336,8 +336,8 @@ def test_the_report_reads_the_adaptive_row(tmp_path):
 def test_the_comparison_experiment_gives_both_curricula_the_same_budget_and_problems(tmp_path):
     from omegaconf import OmegaConf
 
-    from grpo_exp.training.adaptive_run import adaptive_config
-    from grpo_exp.training.curriculum import compose_stage, stage_overrides
+    from grpo_exp.training.curriculum.adaptive import adaptive_config
+    from grpo_exp.training.curriculum.overrides import compose_stage, stage_overrides
     from tests.conftest import CONF_DIR
 
     params = OmegaConf.load(CONF_DIR / "experiment" / "adaptive_vs_progressive.yaml").hydra.sweeper.params

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.training.curriculum import compose_stage, stage_overrides
+from grpo_exp.training.curriculum.overrides import compose_stage, stage_overrides
 
 
 def test_a_stage_setting_reaches_every_stage_and_each_keeps_its_own_data(tmp_path):

@@ -14,7 +14,8 @@ from grpo_exp.training import ewc
 from grpo_exp.core import models
 from grpo_exp.core import rewards
 from grpo_exp.evaluation.stats import mcnemar_exact_p
-from grpo_exp.training.curriculum import format_gains, run_curriculum, stage_gains, transfer_metrics
+from grpo_exp.evaluation.continual import format_gains, stage_gains, transfer_metrics
+from grpo_exp.training.curriculum.sequential import run_curriculum
 from grpo_exp.training.stage import StageParts, train
 from grpo_exp.training.trainer import build_trainer
 from tests.conftest import compose_cfg

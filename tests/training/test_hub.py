@@ -233,7 +233,7 @@ def test_entrypoint_refuses_before_training(tmp_path, args, needle):
 
 
 def test_a_curriculum_pushes_its_last_stage_only(tmp_path):
-    from grpo_exp.training.curriculum import stage_overrides
+    from grpo_exp.training.curriculum.overrides import stage_overrides
 
     user = ["push_to_hub=true", "hub_model_id=me/c", "curriculum=progressive"]
     first = stage_overrides(user, "basic", tmp_path / "1_basic", None)

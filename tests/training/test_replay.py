@@ -1,4 +1,4 @@
-"""Replay (curriculum.replay, grpo_exp/training/replay.py): a later stage's training set holds the asked share of
+"""Replay (curriculum.replay, grpo_exp/training/curriculum/replay.py): a later stage's training set holds the asked share of
 earlier stages' training prompts, each with its own answer and stage; the curriculum asks for it from the second
 stage on only; a short run on such a set logs each stage's share of every round."""
 
@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from grpo_exp.core import data, rewards
-from grpo_exp.training.curriculum import stage_overrides
-from grpo_exp.training.replay import mix_stages, mixed_examples, replay_mix
+from grpo_exp.training.curriculum.overrides import stage_overrides
+from grpo_exp.training.curriculum.replay import mix_stages, mixed_examples, replay_mix
 from tests.conftest import compose_cfg
 
 FAST = ["debug=smoke", "logger=none", "train.max_completion_length=8", "train.save_steps=100",
@@ -101,7 +101,7 @@ def test_a_short_run_with_replay_logs_each_stages_share(tmp_path):
 def test_the_curriculum_hands_each_later_stage_its_replay_and_pools(tmp_path, monkeypatch, caplog):
     """run_curriculum's wiring, with training and scoring stubbed: stage i gets curriculum.replay and the stages
     before it, and the pools as the curriculum composed them; the first stage trains without replay."""
-    from grpo_exp.training import curriculum
+    from grpo_exp.training.curriculum import record, sequential
 
     calls = []
 
@@ -112,14 +112,14 @@ def test_the_curriculum_hands_each_later_stage_its_replay_and_pools(tmp_path, mo
     def fake_scores(model_cfg, cache_dir, model_dir, stage_cfgs, limit, batch_size, seed):
         return [({"accuracy": 0.0}, [0] * limit) for _ in stage_cfgs]
 
-    monkeypatch.setattr(curriculum, "train", fake_train)
-    monkeypatch.setattr(curriculum, "_evaluate_dir", fake_scores)
-    monkeypatch.setattr(curriculum.cpu, "apply", lambda cpu_cfg: {})  # the session's threads stay as they are
+    monkeypatch.setattr(sequential, "train", fake_train)
+    monkeypatch.setattr(record, "evaluate_dir", fake_scores)
+    monkeypatch.setattr(sequential.cpu, "apply", lambda cpu_cfg: {})  # the session's threads stay as they are
     # each stage's own completion length (debug=smoke would give every stage 16)
     overrides = ["logger=none", "curriculum=progressive", "curriculum.stages=[advanced,basic,intermediate]",
                  "curriculum.replay=0.4", "curriculum.eval_limit=2"]
     caplog.set_level("WARNING", logger="grpo_exp")
-    result = curriculum.run_curriculum(compose_cfg(overrides, tmp_path), overrides)
+    result = sequential.run_curriculum(compose_cfg(overrides, tmp_path), overrides)
     assert [c[:3] for c in calls] == [("advanced", 0.0, []), ("basic", 0.4, ["advanced"]),
                                       ("intermediate", 0.4, ["advanced", "basic"])]
     assert calls[0][3] is None and sorted(calls[2][3]) == ["advanced", "basic"]

@@ -1,5 +1,5 @@
 """`curriculum=adaptive` end to end: one training run on every listed stage's training set (its sampler draws each
-round's stages by their pass rates, training/adaptive.py), then every stage's held-out set scored as the sequential
+round's stages by their pass rates, mix.py), then every stage's held-out set scored as the sequential
 curriculum scores it after its last stage, so that both write a comparable curriculum.json.
 
 The budget is the sequential curriculum's: the stages' train.max_steps summed (each stage composed as
@@ -17,8 +17,10 @@ from pathlib import Path
 from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.io import read_jsonl, write_json
 from grpo_exp.config.checks import validate
-from grpo_exp.training.curriculum import (_earlier_result, _evaluate_dir, _new_result, _score_base, compose_stage,
-                                          format_gains, format_table, paired_gain, stage_overrides)
+from grpo_exp.evaluation.continual import format_gains, paired_gain
+from grpo_exp.training.curriculum.overrides import compose_stage, stage_overrides
+from grpo_exp.training.curriculum import record
+from grpo_exp.training.curriculum.record import RECORD_FILE, earlier_result, format_table, new_result, score_base
 from grpo_exp.training.stage import finished_metrics, train
 
 logger = log.get_logger(__name__)
@@ -61,9 +63,9 @@ def run_adaptive(cfg, user_overrides: list[str]) -> dict:
     validate(run_cfg)
     cpu.apply(cfg.cpu)  # before the base evaluation: oversubscribed threads spin and crawl
 
-    result = {**_new_result(cfg, stages), "row_labels": [ROW], "band": list(cfg.curriculum.band)}
-    earlier = _earlier_result(root, stages) if cfg.resume else None
-    _score_base(cfg, stage_cfgs, earlier, result)
+    result = {**new_result(cfg, stages), "row_labels": [ROW], "band": list(cfg.curriculum.band)}
+    earlier = earlier_result(root, stages) if cfg.resume else None
+    score_base(cfg, stage_cfgs, earlier, result)
     logger.info("adaptive curriculum over %s: %d steps in %s", ", ".join(stages), run_cfg.train.max_steps, out_dir)
     metrics = train(run_cfg, pools={s: c.stage for s, c in zip(stages, stage_cfgs)})
     if not dist.is_main():
@@ -74,7 +76,7 @@ def run_adaptive(cfg, user_overrides: list[str]) -> dict:
         logger.info("adaptive curriculum: %s already scored; kept", out_dir)
         row, bits, evals = earlier["matrix"][0], earlier["correct"]["rows"][0], earlier["stage_metrics"][0]["eval"]
     else:
-        scored = _evaluate_dir(cfg.model, cfg.paths.cache_dir, str(out_dir / "model"), stage_cfgs, limit, batch,
+        scored = record.evaluate_dir(cfg.model, cfg.paths.cache_dir, str(out_dir / "model"), stage_cfgs, limit, batch,
                                cfg.train.seed)
         evals = [m for m, _ in scored]
         row, bits = [m["accuracy"] for m in evals], [b for _, b in scored]
@@ -91,7 +93,7 @@ def run_adaptive(cfg, user_overrides: list[str]) -> dict:
     result["stage_gains"] = [paired_gain(s, base_bits[j], bits[j]) for j, s in enumerate(stages)] if base_bits else []
     result["gains_table"] = format_gains(result["stage_gains"])
     write_json(out_dir / "curriculum_eval.json", {"sets": {s: m for s, m in zip(stages, evals)}})
-    write_json(root / "curriculum.json", result)
+    write_json(root / RECORD_FILE, result)
     logger.info("adaptive curriculum, accuracy on every stage's held-out set:\n%s\n%s\naverage accuracy %.3f; "
                 "mean mix %s", result["table"], result["gains_table"], result["average_accuracy"],
                 {s: None if v is None else round(v, 3) for s, v in result["mix"].items()})

@@ -1,7 +1,7 @@
 """The adaptive curriculum (`curriculum=adaptive`) and the per-stage figures of any run whose training set mixes
 stages (replay too).
 
-One run trains on the union of the stages' training sets (training/replay.mixed_examples). Its sampler
+One run trains on the union of the stages' training sets (replay.mixed_examples). Its sampler
 (AdaptiveSampler, in place of TRL's RepeatSampler) draws each generation round's groups stage by stage: each group's
 stage with weights from the stages' running pass rates (StageMix.weights: 1 inside `curriculum.band`,
 `below_band_weight` below it, `above_band_weight` above it; a stage not yet seen counts as inside), then a prompt of

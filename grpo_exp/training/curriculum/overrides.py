@@ -1,0 +1,53 @@
+"""A curriculum stage's config: the command line's overrides, less the ones the curriculum sets per stage, plus
+the stage, its directory, the model it continues, the earlier stages it tracks and replays; composed as
+`python -m grpo_exp.train <overrides>` would compose it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_exp.base.errors import ConfigError
+
+# Overrides that the curriculum sets per stage itself.
+_PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resume", "eval.forgetting_sets",
+                   "push_to_hub")
+
+
+# what makes a stage that stage: an override of these would turn every stage of a curriculum into one
+_STAGE_IDENTITY = ("name", "dataset", "path", "hub_id", "hub_config")
+
+
+def override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None,
+                    resume: bool = False, earlier: list[str] | None = None, push: bool = False,
+                    replay: float = 0.0, replay_from: list[str] | None = None) -> list[str]:
+    """`earlier`: the stages before this one, whose forgetting it tracks (eval.forgetting_sets). `push`: this
+    stage uploads its model/ (push_to_hub: the last stage only, so the hub repo gets the curriculum's result).
+    `replay_from`: the earlier stages whose training prompts make up the share `replay` of this one's."""
+    names = [o for o in user_overrides if override_key(o).startswith("stage.") and override_key(o).split(".")[1] in _STAGE_IDENTITY]
+    if names:
+        raise ConfigError(f"{', '.join(names)}: a curriculum's stages are curriculum.stages, each with its own "
+                          f"{', '.join('stage.' + k for k in _STAGE_IDENTITY)}; list the stages there, or train one "
+                          f"stage (stage=<name>) without a curriculum")
+    # stage.<setting> (sizes, splits) applies to every stage, over each stage's own conf/stage/<name>.yaml
+    kept = [o for o in user_overrides if (override_key(o).startswith("stage.") or not override_key(o).startswith(_PER_STAGE_KEYS))
+            and not o.startswith("hydra")]
+    extra = [f"stage={stage}", "curriculum=none", f"paths.output_dir={out_dir}", f"resume={str(resume).lower()}",
+             f"push_to_hub={str(push).lower()}"]
+    if init_from:
+        extra.append(f"init_from={init_from}")
+    if earlier and init_from:
+        extra.append(f"eval.forgetting_sets=[{','.join(earlier)}]")
+    if replay > 0 and replay_from:
+        extra += [f"curriculum.replay={replay}", f"curriculum.replay_from=[{','.join(replay_from)}]"]
+    return [*kept, *extra]
+
+
+def compose_stage(overrides: list[str]):
+    """The config `python -m grpo_exp.train <overrides>` would get, composed with Hydra's API."""
+    from grpo_exp.config.compose import compose
+
+    return compose("train", overrides)

@@ -1,0 +1,74 @@
+"""What a curriculum records (curriculum.json): the accuracy matrix's rows (every stage's held-out set scored
+after every stage, and the starting model's row `base`), with each row's per-problem correctness, so that
+gains are paired and an interrupted curriculum resumes with what it measured."""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+from grpo_exp.base import dist
+from grpo_exp.base.text import markdown_table
+from grpo_exp.core import models
+from grpo_exp.evaluation.generate import evaluate
+from grpo_exp.evaluation.run import held_out_split
+
+RECORD_FILE = "curriculum.json"
+
+
+def format_table(stages: list[str], rows: list[tuple[str, list[float | None]]]) -> str:
+    """The accuracy matrix: one row per trained stage (and the base model), one column per evaluated stage."""
+    return markdown_table(["after \\ eval", *stages],
+                          [[label, *(f"{v:.3f}" if v is not None else "" for v in values)] for label, values in rows])
+
+
+def evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list, limit: int, batch_size: int,
+                  seed: int) -> list[tuple[dict, list[int]]]:
+    """Accuracy of one model on the held-out split (eval.split) of each given stage, with its per-problem
+    correctness (0/1, in the split's fixed order)."""
+    model, tokenizer = models.load(model_cfg, cache_dir, seed=seed, init_from=model_dir)
+    results = []
+    for stage_cfg in stage_cfgs:
+        # the problems `python -m grpo_exp.evaluate` scores for this stage with eval.limit=limit
+        examples = held_out_split(stage_cfg.stage, stage_cfg.eval.split, limit, stage_cfg.train.seed)[:limit]
+        metrics, samples = evaluate(model, tokenizer, examples, system_prompt=stage_cfg.reward.system_prompt,
+                                    max_new_tokens=stage_cfg.train.max_completion_length, batch_size=batch_size,
+                                    seed=seed, desc=f"eval {stage_cfg.stage.name}")
+        results.append((metrics, [int(s["correct"]) for s in samples]))
+    del model
+    gc.collect()
+    return results
+
+
+def new_result(cfg, stages: list[str]) -> dict:
+    return {"stages": stages, "mode": cfg.curriculum.mode, "ewc_lambda": cfg.ewc["lambda"], "model": cfg.model.name,
+            "seed": cfg.train.seed, "eval_limit": cfg.curriculum.eval_limit, "eval_split": cfg.eval.split,
+            "eval_batch_size": cfg.curriculum.eval_batch_size, "init_from": cfg.init_from and str(cfg.init_from), "matrix": [], "base": None,
+            "stage_metrics": [], "correct": {"base": None, "rows": []}}
+
+
+def score_base(cfg, stage_cfgs: list, earlier: dict | None, result: dict) -> None:
+    """Row `base`: the starting model on every stage (rank 0), or what an interrupted run of the curriculum kept."""
+    if not (cfg.curriculum.eval_base and dist.is_main()):
+        return
+    if earlier and earlier.get("base") and earlier.get("correct", {}).get("base"):
+        result["base"], result["correct"]["base"] = earlier["base"], earlier["correct"]["base"]
+        return
+    base = evaluate_dir(cfg.model, cfg.paths.cache_dir, cfg.init_from and str(cfg.init_from), stage_cfgs,
+                         cfg.curriculum.eval_limit, cfg.curriculum.eval_batch_size, cfg.train.seed)
+    result["base"] = [m["accuracy"] for m, _ in base]
+    result["correct"]["base"] = [bits for _, bits in base]
+
+
+def earlier_result(root: Path, stages: list[str]) -> dict | None:
+    """curriculum.json of an interrupted run of the same stages, if any."""
+    path = root / RECORD_FILE
+    if not path.is_file():
+        return None
+    earlier = json.loads(path.read_text())
+    return earlier if earlier.get("stages") == stages else None
+
+
+def fmt(value) -> str:
+    return "n/a" if value is None else f"{value:+.3f}"
