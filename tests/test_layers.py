@@ -103,3 +103,33 @@ def test_the_check_catches_a_wrong_arrow(tmp_path, monkeypatch, bad):
     monkeypatch.setitem(globals(), "PACKAGE", fake)
     with pytest.raises(AssertionError, match="grpo_exp.base.io"):
         test_imports_point_down_and_never_at_an_app()
+
+
+def _layer_cells() -> dict[str, str]:
+    """docs/architecture.md's layer table: layer folder -> its modules cell."""
+    import re
+
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = page.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    return {m.group(1): m.group(2) for line in table.splitlines() if (m := re.match(r"\| `(\w+)/` \| (.*?) \|", line))}
+
+
+def _listed(cell: str, parts: tuple[str, ...], package: bool = False) -> bool:
+    """Whether a module (parts of its dotted name below the layer; a package is written `name/`) is in the cell."""
+    head, rest = parts[0], parts[1:]
+    if not rest:
+        return f"`{head}{'/' if package else ''}`" in cell
+    marker = f"`{head}/`"  # a sub-package's modules follow it in parentheses
+    return marker in cell and _listed(cell.split(marker, 1)[1].split(")", 1)[0], rest, package)
+
+
+def test_docs_architecture_lists_every_module():
+    cells = _layer_cells()
+    assert set(cells) == set(LAYERS), f"layer rows: {sorted(cells)}"
+    missing = []
+    for module, path in modules().items():
+        parts = module.split(".")[1:]
+        is_package = path.name == "__init__.py"
+        if len(parts) >= 2 and parts[0] in LAYERS and not _listed(cells[parts[0]], tuple(parts[1:]), is_package):
+            missing.append(module)
+    assert not missing, f"docs/architecture.md's layer table does not list: {missing}"
