@@ -30,7 +30,7 @@ class TrainConfig:
     num_iterations: int = 1
     max_completion_length: int = MISSING
     learning_rate: float = MISSING
-    lr_scheduler_type: str = "constant"
+    lr_scheduler_type: str = "linear"  # conf/train/default.yaml says the recipe; TRL's own default
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
