@@ -100,12 +100,17 @@ class MonitorCallback(TrainerCallback):
         self.rows: list[dict] = []
         self._step_start: float | None = None
         self._last_step_time: float | None = None
+        # training compute: this process's CPU seconds (every thread's) inside optimizer steps, summed over the run
+        self._cpu_start: float | None = None
+        self._last_cpu_s: float | None = None
+        self.cpu_s_total = 0.0
 
     def continue_from(self, rows: list[dict]) -> None:
         """A resumed run: the history up to its checkpoint counts towards the summary."""
         self.rows = list(rows)
         self.step_times = [r["step_time_s"] for r in rows if r.get("step_time_s")]
         self.completion_tokens = [r["completion_tokens"] for r in rows if r.get("completion_tokens") is not None]
+        self.cpu_s_total = next((r["cpu_s_total"] for r in reversed(rows) if r.get("cpu_s_total") is not None), 0.0)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not self.sampler._thread.is_alive() and not self.sampler._stop.is_set():
@@ -113,11 +118,15 @@ class MonitorCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_start = time.perf_counter()
+        self._cpu_start = process_cpu_s()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._step_start is not None:
             self._last_step_time = time.perf_counter() - self._step_start
             self.step_times.append(self._last_step_time)
+        if self._cpu_start is not None:
+            self._last_cpu_s = process_cpu_s() - self._cpu_start
+            self.cpu_s_total += self._last_cpu_s
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = dict(logs or {})
@@ -136,6 +145,9 @@ class MonitorCallback(TrainerCallback):
             row["completion_tokens"] = tokens
             row["completion_tokens_per_s"] = tokens / self._last_step_time
         row["step_time_s"] = self._last_step_time
+        if self._last_cpu_s is not None:
+            row["cpu_s"] = round(self._last_cpu_s, 3)
+            row["cpu_s_total"] = round(self.cpu_s_total, 3)
         row["rss_mb"] = round(self.sampler.rss_mb(), 1)
         row["peak_rss_mb"] = round(max(self.sampler.max_rss_mb, peak_rss_mb()), 1)
         cores = self.sampler.take_cpu_percent()
@@ -153,6 +165,12 @@ class MonitorCallback(TrainerCallback):
     def summary(self, reward_names: list[str]) -> dict:
         return summarize(self.rows, self.step_times, self.completion_tokens, reward_names,
                          max(self.sampler.max_rss_mb, peak_rss_mb()))
+
+
+def process_cpu_s() -> float:
+    """CPU seconds this process has used, all its threads together (user and system): core-seconds of compute."""
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
 
 
 def gpu_memory_mb() -> dict:

@@ -8,6 +8,7 @@ import math
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -251,3 +252,32 @@ def test_the_profile_reads_the_plan_on_a_machine_that_cannot_pack(monkeypatch, t
                                    max_new_tokens=2, eos_token_ids=[tokenizer.eos_token_id],
                                    pad_token_id=tokenizer.eos_token_id)
     assert not engine.packed  # the Linear layers it packed: none
+
+
+def test_monitor_records_the_cpu_seconds_of_each_step_and_their_sum(tmp_path):
+    """cpu_s: this process's CPU time inside a step (a busy step counts, time outside steps does not);
+    cpu_s_total: their running sum, which a resumed run continues from its history."""
+    from grpo_exp.base.monitor import MonitorCallback
+
+    def busy(seconds: float) -> None:
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+
+    monitor = MonitorCallback(tmp_path / "history.jsonl", completions_per_step=8)
+    state = type("State", (), {"global_step": 0})()
+    for step in range(2):
+        monitor.on_step_begin(None, state, None)
+        busy(0.3)
+        monitor.on_step_end(None, state, None)
+        busy(0.5)  # between steps (evaluation, saving): not training compute
+        state.global_step = step + 1
+        monitor.on_log(None, state, None, logs={"loss": 0.1})
+    monitor.sampler.stop()
+    rows = monitor.rows
+    assert all(0.3 <= r["cpu_s"] < 0.5 for r in rows), rows
+    assert rows[1]["cpu_s_total"] == pytest.approx(rows[0]["cpu_s"] + rows[1]["cpu_s"], abs=2e-3)
+    resumed = MonitorCallback(tmp_path / "resumed.jsonl", completions_per_step=8)
+    resumed.continue_from(rows)
+    assert resumed.cpu_s_total == rows[-1]["cpu_s_total"]
+    resumed.sampler.stop()
