@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_exp.analysis import aggregates, ewc_summary, plots, seed_summary, tables
+from grpo_exp.analysis import aggregates, compute_curve, ewc_summary, plots, seed_summary, tables
 from grpo_exp.analysis.tables import to_markdown
 from grpo_exp.base.io import eval_sets, read_jsonl
 
@@ -351,7 +351,8 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
     df.to_csv(out / "report.csv", index=False)
     made = [plots.plot_throughput_memory(df, out), plots.plot_reward_curves(jobs, labels, out),
             plots.plot_learning_curve(jobs, labels, out / "learning_curve.png"),
-            plots.plot_forgetting_kl(jobs, labels, out), plots.plot_quantization(jobs, out)]
+            plots.plot_forgetting_kl(jobs, labels, out), plots.plot_quantization(jobs, out),
+            compute_curve.plot(jobs, seed_labels(df), out / "compute_curve.png")]
     curriculum_plots = []
     for job, label in zip(jobs, labels):
         if job["curriculum"]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from grpo_exp.analysis import aggregates, continual, seed_summary
+from grpo_exp.analysis import aggregates, compute_curve, continual, seed_summary
 from grpo_exp.base.text import markdown_table
 
 
@@ -162,6 +162,17 @@ def sections(jobs: list[dict], df: pd.DataFrame, labels: list[str], seed_labels:
                            "model's accuracy on n validation problems: the periodic evaluation's own "
                            "(before_after.json `validation_before`), else the n the job scored after training.",
                            periodic))
+    for name in sorted({n for job in jobs for n in (job.get("periodic") or {})}):
+        curves = compute_curve.curve_table(jobs, seed_labels, name)
+        if not curves.empty:
+            out.append(Section(f"compute_curve_{name}", f"Validation accuracy against training compute ({name})",
+                               "Each job's periodic validation accuracy against its training compute (`cpu_s_total` "
+                               "in history.jsonl: CPU seconds inside optimizer steps, all threads, / 60 = core-minutes), "
+                               "fitted with R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (ScaleRL; R0 the starting level, "
+                               "measured): per variant the mean over its seeds and the 95% t interval of the asymptote "
+                               "A, the efficiency B and the midpoint C_mid (core-minutes to half the gain), and the "
+                               "last accuracy measured. Only jobs with at least 4 evaluations after the start.",
+                               curves))
     return out
 
 

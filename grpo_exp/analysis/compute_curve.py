@@ -1,0 +1,135 @@
+"""Learning per CPU-hour: validation accuracy against training compute, and a saturating curve fitted per run.
+
+Each point is a periodic evaluation (`eval/<set>/accuracy` in history.jsonl) at the training compute spent so far
+(`cpu_s_total`: the process's CPU seconds inside optimizer steps, all threads; core-minutes below), the first one the
+starting model's level at zero compute. The curve is ScaleRL's (Khatri et al. 2025, arXiv 2510.13786), in compute C:
+
+    R(C) = R0 + (A - R0) / (1 + (C_mid / C) ** B)
+
+R0 the starting level (measured, not fitted), A the asymptote, B the efficiency (how steeply it rises), C_mid the
+compute at which half the gain A - R0 is reached. For each (B, C_mid) on a grid the best A is linear least squares;
+the grid point with the smallest squared error is the fit (no optimizer package needed). A run is fitted alone and an
+arm's figures are the mean over its seeds with a t interval, so the interval is over training runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from grpo_exp.analysis import aggregates
+from grpo_exp.evaluation.stats import mean_interval
+
+MIN_POINTS = 4  # evaluations after the start: fewer cannot fix three parameters
+B_GRID = np.geomspace(0.25, 4.0, 33)
+MID_GRID_SPAN = (0.05, 20.0)  # C_mid from 0.05x to 20x the largest compute the run reached
+MID_GRID_SIZE = 81
+
+
+def points(job: dict, name: str) -> tuple[float, list[tuple[float, float]]] | None:
+    """(R0, [(core-minutes, accuracy), ...]) of a job's periodic evaluations of set `name`; None without the start
+    level or the compute record."""
+    start = aggregates.validation_start(job, name)
+    compute = {}
+    for row in job.get("history") or []:
+        step = aggregates.step_of(row)
+        if step is not None and isinstance(row.get("cpu_s_total"), (int, float)):
+            compute[int(step)] = float(row["cpu_s_total"]) / 60.0
+    found = [(compute[step], acc) for step, acc, _ in (job.get("periodic") or {}).get(name, [])
+             if step in compute and step > 0]
+    if start is None or not found:
+        return None
+    return float(start[1]), sorted(found)
+
+
+def curve(c: np.ndarray, r0: float, a: float, b: float, mid: float) -> np.ndarray:
+    return r0 + (a - r0) / (1.0 + (mid / np.maximum(c, 1e-12)) ** b)
+
+
+def fit(r0: float, found: list[tuple[float, float]]) -> dict | None:
+    """The fitted A, B, C_mid (core-minutes) and the root-mean-square error; None with too few points."""
+    if len(found) < MIN_POINTS:
+        return None
+    c = np.array([p[0] for p in found])
+    y = np.array([p[1] for p in found])
+    best = None
+    for mid in np.geomspace(MID_GRID_SPAN[0] * c.max(), MID_GRID_SPAN[1] * c.max(), MID_GRID_SIZE):
+        for b in B_GRID:
+            g = 1.0 / (1.0 + (mid / c) ** b)  # R = r0 + (A - r0) g: linear in A
+            denom = float(g @ g)
+            if denom <= 0:
+                continue
+            a = r0 + float(g @ (y - r0)) / denom
+            a = min(max(a, 0.0), 1.0)  # an accuracy
+            err = float(np.sum((curve(c, r0, a, b, mid) - y) ** 2))
+            if best is None or err < best[0]:
+                best = (err, a, float(b), float(mid))
+    err, a, b, mid = best
+    return {"asymptote": a, "efficiency": b, "mid_core_min": mid, "rmse": math.sqrt(err / len(found)),
+            "points": len(found), "start": r0, "max_core_min": float(c.max()), "last": float(y[-1])}
+
+
+def fits(jobs: list[dict], labels: list[str], name: str) -> list[tuple[str, dict, dict]]:
+    """(variant, job, its fit) of every job that can be fitted on set `name`."""
+    out = []
+    for job, label in zip(jobs, labels):
+        found = points(job, name)
+        fitted = fit(*found) if found else None
+        if fitted:
+            out.append((label, job, fitted))
+    return out
+
+
+def _cell(values: list[float], digits: int = 3) -> str:
+    mean = sum(values) / len(values)
+    interval = mean_interval(values) if len(values) >= 2 else None
+    ci = f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else ""
+    return f"{mean:.{digits}f}{ci}"
+
+
+def curve_table(jobs: list[dict], labels: list[str], name: str = "basic") -> pd.DataFrame:
+    """One row per variant: seeds, and the mean over seeds (95% t interval) of the asymptote, efficiency, midpoint
+    compute, the last measured accuracy and the compute it took."""
+    by_variant: dict[str, list[dict]] = {}
+    for label, _, fitted in fits(jobs, labels, name):
+        by_variant.setdefault(label, []).append(fitted)
+    rows = []
+    for label, found in by_variant.items():
+        rows.append({"variant": label, "set": name, "seeds": len(found),
+                     "start": _cell([f["start"] for f in found]),
+                     "asymptote A": _cell([f["asymptote"] for f in found]),
+                     "efficiency B": _cell([f["efficiency"] for f in found], 2),
+                     "midpoint (core-min)": _cell([f["mid_core_min"] for f in found], 1),
+                     "last accuracy": _cell([f["last"] for f in found]),
+                     "core-min trained": _cell([f["max_core_min"] for f in found], 1),
+                     "fit rmse": _cell([f["rmse"] for f in found])})
+    return pd.DataFrame(rows)
+
+
+def plot(jobs: list[dict], labels: list[str], path, name: str = "basic"):
+    """Accuracy against core-minutes: per variant one colour, each seed a thin line, its fit dashed."""
+    fitted = fits(jobs, labels, name)
+    if not fitted:
+        return None
+    from grpo_exp.analysis.plots import _plt, _save
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {label: f"C{i}" for i, label in enumerate(dict.fromkeys(label for label, _, _ in fitted))}
+    for label, job, f in fitted:
+        r0, found = points(job, name)
+        xs, ys = [0.0] + [p[0] for p in found], [r0] + [p[1] for p in found]
+        first = not any(line.get_label() == label for line in ax.get_lines())
+        ax.plot(xs, ys, color=colours[label], linewidth=0.9, alpha=0.7, marker="o", markersize=2.5,
+                label=label if first else None)
+        grid = np.linspace(max(xs[1] / 4, 1e-3), f["max_core_min"], 200)
+        ax.plot(grid, curve(grid, r0, f["asymptote"], f["efficiency"], f["mid_core_min"]), color=colours[label],
+                linestyle="--", linewidth=1.2)
+    ax.set_xlabel("training compute (core-minutes: CPU seconds in optimizer steps / 60)")
+    ax.set_ylabel(f"validation accuracy ({name})")
+    ax.set_title("Accuracy against training compute (dashed: fitted saturating curve)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
