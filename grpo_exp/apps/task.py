@@ -28,6 +28,7 @@ from typing import Any, Callable
 from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.errors import ConfigError, TrainingHalted
 from grpo_exp.base.io import write_json
+from grpo_exp.base.stop import Stopped
 
 EXIT_BAD_INPUT = 2
 EXIT_HALTED = 3
@@ -88,7 +89,9 @@ def run_task(config_name: str, task: Callable[[Any], dict], check: Callable[[Any
             sys.exit(EXIT_BAD_INPUT if isinstance(err, ConfigError) else EXIT_HALTED)
         except BaseException as err:
             interrupted = isinstance(err, (KeyboardInterrupt, SystemExit))
-            record_status(hydra_cfg, "interrupted" if interrupted else "failed", started, err)
+            # Stopped: a Ctrl-C/SIGTERM the run answered (base/stop.py), its last checkpoint in place
+            status = "stopped" if isinstance(err, Stopped) else "interrupted" if interrupted else "failed"
+            record_status(hydra_cfg, status, started, err)
             if multirun and not interrupted:
                 logger.error("job %s failed: %s: %s (traceback in %s/error.txt); the sweep goes on",
                              hydra_cfg.job.num, type(err).__name__, err, hydra_cfg.runtime.output_dir)
