@@ -11,7 +11,9 @@ from contextlib import contextmanager
 
 import torch
 from tqdm.auto import tqdm
+from transformers import StoppingCriteria, StoppingCriteriaList
 
+from grpo_exp.base import stop
 from grpo_exp.core import rewards
 from grpo_exp.core.data import to_messages
 from grpo_exp.base.monitor import peak_rss_mb
@@ -62,6 +64,15 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
+class StopRequested(StoppingCriteria):
+    """A stop request (base/stop.py) polled after every decoded token: Stopped is raised out of `generate`, so a
+    Ctrl-C ends an evaluation of hundreds of problems within a decoding step, not after the batch."""
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
+        stop.check("evaluation")
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
                          do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                          seed: int = 0, desc: str = "generating") -> tuple[list[str], list[int], float, int]:
@@ -71,36 +82,50 @@ def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new
     throughput, comparable between models whose answers differ in length."""
     padding_side = tokenizer.padding_side
     tokenizer.padding_side = "left"  # decoder-only generation needs the prompt flush against the new tokens
-    texts, lengths, seconds, positions = [], [], 0.0, 0
-    generator_seed = seed
     was_training = model.training
     model.eval()
-    with fp32_decoding(model):  # once for the whole set: its check and the unwrapping are per model
-        for start in tqdm(range(0, len(prompts), batch_size), desc=desc, leave=False):
-            batch = prompts[start:start + batch_size]
-            enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
-                                                return_dict=True, padding=True).to(model_device(model))
-            # use_cache: training with gradient checkpointing turns the KV cache off in the model config.
-            kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "use_cache": True}
-            if do_sample:
-                torch.manual_seed(generator_seed + start)
-                # top_k=0 explicitly: left unset, generate filters to the 50 likeliest tokens
-                kwargs.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
-            else:
-                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            t0 = time.perf_counter()
-            out = model.generate(**enc, **kwargs)
-            seconds += time.perf_counter() - t0
-            new = out[:, enc["input_ids"].shape[1]:]
-            positions += new.numel()
-            for row in new:
-                ids = row.tolist()
-                # Count up to and including the first EOS: the rest is padding.
-                n = next((i + 1 for i, t in enumerate(ids) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)), len(ids))
-                lengths.append(n)
-                texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True))
-    model.train(was_training)
-    tokenizer.padding_side = padding_side
+    try:
+        with fp32_decoding(model):  # once for the whole set: its check and the unwrapping are per model
+            texts, lengths, seconds, positions = _generate_batches(
+                model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, desc=desc)
+    finally:  # also when a stop ends it: an evaluation during training hands the policy back as it found it
+        model.train(was_training)
+        tokenizer.padding_side = padding_side
+    return texts, lengths, seconds, positions
+
+
+def _generate_batches(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
+                      do_sample: bool, temperature: float, top_k: int, top_p: float, seed: int,
+                      desc: str) -> tuple[list[str], list[int], float, int]:
+    """generate_completions' loop over batches, the model in eval mode and fp32 and the tokenizer padding left."""
+    texts, lengths, seconds, positions = [], [], 0.0, 0
+    generator_seed = seed
+    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, leave=False):
+        stop.check("evaluation")
+        batch = prompts[start:start + batch_size]
+        enc = tokenizer.apply_chat_template(batch, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True, padding=True).to(model_device(model))
+        # use_cache: training with gradient checkpointing turns the KV cache off in the model config.
+        kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "use_cache": True,
+                  "stopping_criteria": StoppingCriteriaList([StopRequested()])}
+        if do_sample:
+            torch.manual_seed(generator_seed + start)
+            # top_k=0 explicitly: left unset, generate filters to the 50 likeliest tokens
+            kwargs.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        t0 = time.perf_counter()
+        out = model.generate(**enc, **kwargs)
+        seconds += time.perf_counter() - t0
+        new = out[:, enc["input_ids"].shape[1]:]
+        positions += new.numel()
+        for row in new:
+            ids = row.tolist()
+            # Count up to and including the first EOS: the rest is padding.
+            n = next((i + 1 for i, t in enumerate(ids) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)), len(ids))
+            lengths.append(n)
+            texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True))
     return texts, lengths, seconds, positions
 
 

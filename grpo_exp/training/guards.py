@@ -1,21 +1,21 @@
 """The trainer's guards: where training stops or skips a step instead of letting a bad one through.
 
 A NaN/inf reward or loss stops the run before the bad update (`on_nonfinite=stop`), or (`skip`) turns every
-optimizer step of its generation round into a no-op on every process; a first Ctrl-C/SIGTERM stops after the
-current step with a checkpoint; a batch meant to take its old log-probs from its own training forward refuses to
-train once the policy has moved.
+optimizer step of its generation round into a no-op on every process; a first Ctrl-C/SIGTERM stops the run
+within seconds, abandoning the step in progress (base/stop.py: every forward of the policy and every reward
+function is a point where it does), and a data-parallel run after the current step; a batch meant to take its
+old log-probs from its own training forward refuses to train once the policy has moved.
 """
 
 from __future__ import annotations
 
 import math
-import signal
 from typing import Callable
 
 import torch
 from transformers import TrainerCallback
 
-from grpo_exp.base import dist, log
+from grpo_exp.base import dist, log, stop
 
 logger = log.get_logger(__name__)
 
@@ -35,7 +35,8 @@ def guard_reward(trainer, func: Callable) -> Callable:
     """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
 
     def guarded(*args, **kwargs):
-        values = func(*args, **kwargs)
+        with stop.urgent("reward scoring"):  # a reward function is the user's code: it cannot poll
+            values = func(*args, **kwargs)
         bad = [v for v in values if v is not None and not math.isfinite(v)]
         if bad:
             where = f"reward function '{func.__name__}' returned {bad[0]} at step {trainer.state.global_step + 1}"
@@ -129,34 +130,30 @@ def refuse_moved_policy(round_step: int, global_step: int) -> None:
 
 
 class GracefulStop(TrainerCallback):
-    """First Ctrl-C/SIGTERM: finish the current step, save a checkpoint and stop. Second: abort now."""
+    """The stop request (base/stop.py) at the end of a step: that step is saved and training stops.
 
-    def __init__(self):
-        self.signal_received: int | None = None
-        self._previous = {}
-
-    def install(self) -> "GracefulStop":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum, frame):
-        if self.signal_received is not None:
-            raise KeyboardInterrupt
-        self.signal_received = signum
-        logger.warning("%s received: saving a checkpoint after this step (press Ctrl-C again to abort at once)",
-                       signal.Signals(signum).name)
+    In a single process a stop usually ends the step in progress before it gets here (`Stopped` out of a
+    forward, a decoding step or a reward function); one asked for after the step's last poll (during its
+    backward or optimizer step) ends the run here, the step finished and saved. Data-parallel runs stop only
+    here, every rank at the same step: a signal may reach the ranks at different moments, so whether any rank
+    has one is decided together."""
 
     def on_step_end(self, args, state, control, **kwargs):
-        # data-parallel: every rank stops after the same step (a signal may reach them at different moments)
-        if dist.any_rank(self.signal_received is not None) and self.signal_received is None:
-            self.signal_received = signal.SIGTERM
-        if self.signal_received is not None:
+        if dist.is_distributed() and dist.any_rank(stop.requested() is not None):
+            stop.request()
+        if stop.requested() is not None:
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+def stop_points(model: torch.nn.Module):
+    """Make every forward of `model` (training, scoring, TRL's generation, the Fisher's) a point where a stop
+    abandons the step in progress: a hook on the input embedding, which every forward starts with (shared-prefix
+    scoring's too, which calls the decoder without its LM head). Returns the hook's handle."""
+
+    def poll(module, args):
+        if not torch.compiler.is_compiling():  # a compiled graph must not bake the check in
+            stop.check("a forward of the policy")
+
+    return model.get_input_embeddings().register_forward_pre_hook(poll)

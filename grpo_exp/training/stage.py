@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from grpo_exp.base import commit, cpu, dist, log
+from grpo_exp.base import commit, cpu, dist, log, stop
 from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import ConfigError, TrainingHalted
 from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_json
@@ -154,7 +155,10 @@ def train(cfg, step_offset: int = 0, pools: dict[str, Any] | None = None) -> dic
     # rank 0); its failure to get it fails every rank with the same line.
     lock = dist.on_main(claim, share=False)
     try:
-        return _train_locked(cfg, run_dir, step_offset, pools)
+        # from here a first Ctrl-C/SIGTERM stops the stage within seconds, a second one exits at once
+        # (base/stop.py); data-parallel ranks stop together at the end of a step
+        with stop.handling(abandon=not dist.is_distributed()):
+            return _train_locked(cfg, run_dir, step_offset, pools)
     finally:
         if dist.is_main():
             lock.release()
@@ -171,6 +175,7 @@ def _train_locked(cfg, run_dir: Path, step_offset: int, pools: dict[str, Any] | 
 
     threads = cpu.apply(cfg.cpu)
     parts = prepare(cfg, pools)
+    _stop_in_setup(run_dir)
     # TRL gathers its logged figures over the processes, so the step's completions are all N processes' ones
     monitor = MonitorCallback(run_dir / "history.jsonl", completions_per_step(cfg.train) * dist.world_size(),
                               step_offset=step_offset, stage=cfg.stage.name,
@@ -186,12 +191,33 @@ def _train_locked(cfg, run_dir: Path, step_offset: int, pools: dict[str, Any] | 
     try:
         stage = StageRun(cfg, run_dir, parts, monitor, started, plan)
         trainer = stage.build(tracker, run_state)
+        _stop_in_setup(run_dir)
         metrics = stage.train_and_save(trainer, resume_from, threads)
     except BaseException:
         _finish_tracking(tracker, None, failed=True)
         raise
     _finish_tracking(tracker, metrics, failed=False)
     return metrics
+
+
+def _stop_in_setup(run_dir: Path) -> None:
+    """A stop asked for while the stage was set up (the model loaded, the trainer built) ends it before it trains."""
+    try:
+        stop.check("setup")
+    except stop.Stopped as err:
+        logger.warning("%s, before training started; %s; continue with resume=true hydra.run.dir=%s", err,
+                       _checkpoint_note(run_dir, None), run_dir)
+        raise
+
+
+def _checkpoint_note(run_dir: Path, written: Path | None) -> str:
+    """What a stop leaves to resume from, for its log line."""
+    last = checkpoints.last_checkpoint(run_dir / "checkpoints")
+    if last is None:
+        return "no checkpoint (no step had finished): a resumed run starts from the beginning"
+    if written is not None:
+        return f"{last.name} written (a step had finished since the last checkpoint)"
+    return f"the last checkpoint is {last.name}"
 
 
 def _ewc_source(init, state) -> str | None:
@@ -259,7 +285,7 @@ class StageRun:
     def __init__(self, cfg, run_dir: Path, parts: StageParts, monitor, started: float, plan):
         self.cfg, self.run_dir, self.parts, self.monitor, self.started = cfg, run_dir, parts, monitor, started
         self.plan = plan  # the resolved speed plan (config/speed.py)
-        self.stopper = GracefulStop()
+        self.stopper = GracefulStop()  # a stop request at a step's end (the signals are base/stop.py's)
 
     def build(self, tracker, run_state):
         report_to = [tracker.report_to] if tracker is not None else []  # "wandb" or "trackio"
@@ -315,43 +341,78 @@ class StageRun:
                                   batch_size=cfg.eval.batch_size)
 
     def train_and_save(self, trainer, resume_from: Path | None, threads) -> dict:
+        """Train (or take a checkpoint that already holds every step), then save model/, evaluate and write
+        metrics.json. A stop while training ends in `stopped` (it raises Stopped); one after it, during the
+        saving of model/ or the evaluation, raises Stopped with the final checkpoint kept, from which
+        resume=true saves and evaluates again."""
         cfg, run_dir, parts = self.cfg, self.run_dir, self.parts
-        init = parts.init
-        self.stopper.install()
+        abandoned = None
         try:
-            if resume_from is not None and checkpoints.checkpoint_step(resume_from) >= cfg.train.max_steps:
-                # killed after its last step: HF's loop would run one step more than max_steps, so only
-                # the checkpoint's weights and state are taken
-                from transformers import TrainerState
-
-                trainer._load_from_checkpoint(str(resume_from))
-                trainer.state = TrainerState.load_from_json(str(resume_from / "trainer_state.json"))
-            else:
-                if resume_from is not None:  # the adaptive curriculum's pass rates, as the checkpoint left them
-                    trainer.restore_mix(resume_from, checkpoints.STATE_FILE)
-                trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+            self._train(trainer, resume_from)
         except NonFiniteError as err:
             raise TrainingHalted(str(err)) from None
+        except stop.Stopped as err:  # the step in progress was abandoned
+            abandoned = err
         finally:
-            self.stopper.uninstall()
             self.monitor.sampler.stop()
+        if abandoned is not None or stop.requested() is not None:
+            self.stopped(trainer, resume_from, threads, abandoned)
+        try:
+            return self._save_and_evaluate(trainer, resume_from, threads)
+        except stop.Stopped as err:
+            logger.warning("%s after training (step %s); %s; resume=true hydra.run.dir=%s saves and evaluates "
+                           "from it", err, trainer.state.global_step, _checkpoint_note(run_dir, None), run_dir)
+            raise
 
+    def _train(self, trainer, resume_from: Path | None) -> None:
+        cfg = self.cfg
+        if resume_from is not None and checkpoints.checkpoint_step(resume_from) >= cfg.train.max_steps:
+            # killed after its last step: HF's loop would run one step more than max_steps, so only
+            # the checkpoint's weights and state are taken
+            from transformers import TrainerState
+
+            trainer._load_from_checkpoint(str(resume_from))
+            trainer.state = TrainerState.load_from_json(str(resume_from / "trainer_state.json"))
+            return
+        if resume_from is not None:  # the adaptive curriculum's pass rates, as the checkpoint left them
+            trainer.restore_mix(resume_from, checkpoints.STATE_FILE)
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+
+    def stopped(self, trainer, resume_from: Path | None, threads, abandoned: stop.Stopped | None) -> None:
+        """End a stopped stage: a checkpoint only if a step finished since the last one (a step abandoned
+        half-way is never saved), metrics.json saying `interrupted`, one line saying what to resume from; then
+        Stopped is raised (exit 128 + signal, status.json `stopped`). model/ is not written: resuming needs only
+        the checkpoint, and a stopped run's weights are no model to use (the web app's playground, the next
+        stage of a curriculum and grpo_exp.evaluate read model/ of finished runs)."""
+        run_dir, main = self.run_dir, dist.is_main()
+        step = trainer.state.global_step
+        # data-parallel runs stop only at a step's end, where HF saved that step on every rank already
+        written = trainer.save_on_stop() if not dist.is_distributed() else None
+        metrics = self._metrics(trainer, resume_from, threads, status="interrupted")
+        if main:
+            write_json(run_dir / "metrics.json", metrics)
+        signum = stop.requested()
+        err = abandoned or stop.Stopped(signum, f"the end of step {step}")
+        where = (f"during {abandoned.where} in step {step + 1} (abandoned)" if abandoned is not None
+                 else f"at the end of step {step}")
+        logger.warning("stopped by %s %s; %s; continue with resume=true hydra.run.dir=%s", signal_name(signum),
+                       where, _checkpoint_note(run_dir, written), run_dir)
+        raise err
+
+    def _metrics(self, trainer, resume_from: Path | None, threads, status: str) -> dict:
+        """metrics.json's figures of the stage as trained so far."""
+        cfg, parts = self.cfg, self.parts
+        init = parts.init
         policy = trainer.model
-        adapter = lora.is_peft(policy)
-        main = dist.is_main()  # every process holds the same weights; rank 0 writes them
-        if adapter and main:  # model/ (merged) is written once the adapter is no longer needed, below
-            lora.save_adapter(policy, parts.tokenizer, run_dir / lora.ADAPTER_DIR, cfg)
-        elif main:
-            save_model_dir(policy, parts.tokenizer, run_dir / "model")
         metrics = {
-            "status": "interrupted" if self.stopper.signal_received else "completed",
+            "status": status,
             "model": cfg.model.name,
             "stage": cfg.stage.name,
             "reward_set": cfg.reward.name,
             "init_from": str(init[0]) if init else None,
             "resumed_from": str(resume_from) if resume_from else None,
             **self.monitor.summary([f.__name__ for f in parts.reward_funcs]),
-            "wall_time_s": None,
+            "wall_time_s": time.time() - self.started,
             **{f"cpu_{k}": v for k, v in threads.items()},
             "precision": resolve_precision(cfg.train.precision),
             "torch_version": torch.__version__,
@@ -362,22 +423,26 @@ class StageRun:
             "peft": cfg.peft.name,
             "processes": dist.world_size(),
         }
-        if adapter:
+        if lora.is_peft(policy):
             metrics.update({**lora.parameter_counts(policy), "lora_r": cfg.peft.r, "lora_alpha": cfg.peft.alpha,
                             "adapter_from": str(parts.adapter_from) if parts.adapter_from else None})
         if parts.penalty is not None:
             metrics["ewc_weighted_distance"] = parts.penalty.weighted_distance(policy)
-        if self.stopper.signal_received:
-            if adapter and main:
-                lora.merge_and_save(policy, parts.tokenizer, run_dir / "model")
-            metrics["wall_time_s"] = time.time() - self.started
-            if main:
-                write_cards(run_dir, cfg, steps=trainer.state.global_step, status="interrupted")
-                write_json(run_dir / "metrics.json", metrics)
-            logger.warning("stopped by signal after step %s; checkpoint and model saved in %s; continue with "
-                           "resume=true hydra.run.dir=%s", trainer.state.global_step, run_dir, run_dir)
-            raise SystemExit(128 + self.stopper.signal_received)
+        return metrics
 
+    def _save_and_evaluate(self, trainer, resume_from: Path | None, threads) -> dict:
+        """A trained stage's model/ (or adapter/ and the merged model/), EWC state, evaluation, cards, hub push and
+        metrics.json, written last."""
+        cfg, run_dir, parts = self.cfg, self.run_dir, self.parts
+        init = parts.init
+        policy = trainer.model
+        adapter = lora.is_peft(policy)
+        main = dist.is_main()  # every process holds the same weights; rank 0 writes them
+        if adapter and main:  # model/ (merged) is written once the adapter is no longer needed, below
+            lora.save_adapter(policy, parts.tokenizer, run_dir / lora.ADAPTER_DIR, cfg)
+        elif main:
+            save_model_dir(policy, parts.tokenizer, run_dir / "model")
+        metrics = self._metrics(trainer, resume_from, threads, status="completed")
         if cfg.ewc["lambda"] > 0:  # with an adapter: over the adapter's parameters, the only ones that train
             metrics.update(consolidate_fisher(cfg, policy, parts.tokenizer, parts.train_examples,
                                               parts.ewc_state, run_dir)[1])
@@ -403,6 +468,10 @@ class StageRun:
         # Written last: its "completed" status is what marks the stage as done for resume.
         write_json(run_dir / "metrics.json", metrics)
         return metrics
+
+
+def signal_name(signum: int | None) -> str:
+    return signal.Signals(signum).name if signum else "a signal"
 
 
 def _tracking(name: str):

@@ -27,7 +27,7 @@ import types
 
 import torch
 
-from grpo_exp.base import log
+from grpo_exp.base import log, stop
 from grpo_exp.base.cpu import compiler_missing
 from grpo_exp.config.speed import ROLLOUT_SAMPLERS
 from grpo_exp.kernels import attention, packed_linear, small_rows
@@ -138,6 +138,7 @@ class RolloutEngine:
         # (tensor, bytes, is_cache) for each storage given back by `release`; empty while the engine is usable
         self._released: list[tuple[torch.Tensor, int, bool]] = []
         self.compiled = False
+        self._compiled_once = False  # the compiled step has run: its first call compiled it
         # compile: the plan's speed.rollout_compile; a CPU without a C++ compiler decodes eager all the same
         why = "speed.rollout_compile=false" if not compile else (
             compiler_missing() if self.device.type == "cpu" else None)
@@ -339,6 +340,7 @@ class RolloutEngine:
 
         if self._released:
             raise RuntimeError("the rollout copy was released after its last round; sync(trainer) refills it")
+        stop.check("generation")
 
         t0 = time.perf_counter()
         rows = len(prompt_ids)
@@ -386,6 +388,7 @@ class RolloutEngine:
         unfinished = torch.ones(rows, dtype=torch.bool, device=self.device)
         steps = 0
         for t in range(self.max_new_tokens):
+            stop.check("generation")  # a stop abandons the round: its completions would train nothing
             unfiltered = logits
             if t < self.min_new_tokens:
                 logits = logits.index_fill(1, self.eos, -float("inf"))
@@ -420,13 +423,29 @@ class RolloutEngine:
         if not self.compiled:
             return self._step(token, position, attention, cache)
         try:
-            return self._step(token, position, attention, cache)
+            if not self._compiled_once:
+                return self._compile_step(token, position, attention, cache)
+            # a call of the compiled step may recompile (dynamo's guards): a stop raises out of it at once
+            with stop.urgent("generation"):
+                return self._step(token, position, attention, cache)
         except Exception as err:  # an inductor failure must not end the run; eager gives the same numbers
             logger.warning("rollout engine: the compiled decoding step failed (%s: %s); decoding eager from now on",
                            type(err).__name__, str(err).splitlines()[0] if str(err) else "")
             self._step, self.compiled = self._eager_step, False
             # the failed call may have advanced the cache's length: the round starts again
             raise _RetryRound from err
+
+    def _compile_step(self, token, position, attention, cache) -> torch.Tensor:
+        """The compiled step's first call, which compiles it: a minute or more for a larger model on a CPU, in
+        torch.compile, which cannot poll a stop request, so a stop during it raises from the signal handler."""
+        logger.info("rollout engine: compiling the decoding step (torch.compile, the first round only)")
+        t0 = time.perf_counter()
+        with stop.urgent("compilation"):
+            logits = self._step(token, position, attention, cache)
+        self._compiled_once = True
+        self.timings["compile_s"] = time.perf_counter() - t0
+        logger.info("rollout engine: decoding step compiled in %.1f s", self.timings["compile_s"])
+        return logits
 
 
 class _RetryRound(Exception):
