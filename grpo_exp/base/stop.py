@@ -131,15 +131,16 @@ def install(abandon: bool = True) -> None:
 
 
 def uninstall() -> None:
-    """Give the signals back to the handlers they had before `install` (the request itself is kept, so the
-    code that ends the run can still read it)."""
+    """Give the signals back to the handlers they had before `install`, and forget the request: what it stopped
+    has raised Stopped by now, and code run later in the process (the next job of a sweep, a test) must not find
+    it pending."""
     if threading.current_thread() is not threading.main_thread() or _state.depth == 0:
         return
     _state.depth -= 1
     if _state.depth == 0:
         for sig, handler in _state.previous.items():
             signal.signal(sig, handler)
-        _state.previous = {}
+        _state.previous, _state.signum, _state.urgent = {}, None, []
 
 
 @contextlib.contextmanager

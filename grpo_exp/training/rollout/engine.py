@@ -360,7 +360,10 @@ class RolloutEngine:
 
         # Prefill each distinct prompt once, then give every completion of its group the same cache rows.
         prefix_cache = DynamicCache(config=self.model.config)
-        logits = self._last_logits(ids, positions, mask, prefix_cache).index_select(0, inv)
+        # one forward over every prompt, seconds in a first round (the packed kernels' first calls): a stop during
+        # it raises at once, as the round is abandoned anyway
+        with stop.urgent("generation"):
+            logits = self._last_logits(ids, positions, mask, prefix_cache).index_select(0, inv)
         # only grows, so that one compiled step serves every round
         self._max_len = max(self._max_len, -(-(width + self.max_new_tokens) // _CACHE_BUCKET) * _CACHE_BUCKET)
         cache = self._static_cache(rows, self._max_len)
