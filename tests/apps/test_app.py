@@ -450,7 +450,7 @@ def test_stop_button_checkpoints_the_run(app, launched, tmp_path):
     status = page.wait_text("launch-status", "stopped", 120)
     assert "checkpoint saved" in status
     assert list((run_dir / "checkpoints").glob("checkpoint-*"))
-    assert json.loads((run_dir / "status.json").read_text())["status"] == "interrupted"
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "stopped"
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] < 500
     page.shot(tmp_path / "launch_stopped.png")
 

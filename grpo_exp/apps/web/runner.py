@@ -109,8 +109,9 @@ class Launcher:
             launch.process.send_signal(signal.SIGTERM)
             logger.info("SIGTERM %d to pid %d", launch.stops, launch.process.pid)
             if launch.stops == 1:
-                return (f"Stopping (SIGTERM sent to pid {launch.process.pid}): the run finishes its step and saves a "
-                        f"checkpoint. Press Stop again to abort at once.")
+                return (f"Stopping (SIGTERM sent to pid {launch.process.pid}): the run abandons the step in progress "
+                        f"and keeps its last checkpoint (one more if a step finished since). Press Stop again to "
+                        f"abort at once.")
             return f"Aborting (second SIGTERM to pid {launch.process.pid})."
 
     def on_exit(self, wait_s: float = STOP_WAIT_S) -> None:
@@ -202,7 +203,7 @@ def launch_state(launch: Launch | None) -> dict:
     error = ""
     if returncode is None:
         last = f", reward {points[-1][1]:.3f}" if points else ""
-        stopping = " (stopping: saving a checkpoint after this step)" if launch.stops else ""
+        stopping = " (stopping within seconds; the last checkpoint is kept)" if launch.stops else ""
         status = (f"**running**{stopping}: step {steps}/{total if total else '?'}{last}, {elapsed:.0f} s, "
                   f"pid {launch.process.pid}, in {where}")
     else:
