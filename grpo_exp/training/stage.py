@@ -387,7 +387,7 @@ class StageRun:
         run_dir, main = self.run_dir, dist.is_main()
         step = trainer.state.global_step
         # data-parallel runs stop only at a step's end, where HF saved that step on every rank already
-        written = trainer.save_on_stop() if not dist.is_distributed() else None
+        written = trainer.step_end.save_on_stop() if not dist.is_distributed() else None
         metrics = self._metrics(trainer, resume_from, threads, status="interrupted")
         if main:
             write_json(run_dir / "metrics.json", metrics)

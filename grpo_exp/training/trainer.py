@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import shutil
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
@@ -17,12 +15,12 @@ from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from grpo_exp.base import dist, log, stop
+from grpo_exp.base import dist, log
 from grpo_exp.base.errors import DiskFullError
 from grpo_exp.base.io import disk_full_reason, state_bytes
 from grpo_exp.config.speed import SpeedPlan, resolve
 from grpo_exp.kernels import attention, embedding_grad, lean_reference, lean_saved
-from grpo_exp.training import checkpoints, guards, shared_prefix
+from grpo_exp.training import checkpoints, guards, shared_prefix, stop_save
 from grpo_exp.training.curriculum.mix import AdaptiveSampler, StageMix, StageMixing, lag_rounds, pass_column
 from grpo_exp.training.dynamic_sampling import DynamicSampling
 from grpo_exp.training.curriculum.replay import mix_stages
@@ -134,7 +132,7 @@ class GrpoExpTrainer(StageMixing, DynamicSampling, GRPOTrainer):
     Public ones: `compute_loss` (the EWC term, the loss guard, the batches whose own forward gives their old
     log-probs) and `log` (the completions sample, figures measured between steps). For a stop (base/stop.py) it
     hooks the policy's input embedding (guards.stop_points) and wraps the callback handler's `on_step_end`
-    (`_end_step_on_stop`); `save_on_stop` writes the checkpoint a stop keeps. It relies on TRL's
+    (stop_save.StepEndState, whose `save_on_stop` writes the checkpoint a stop keeps). It relies on TRL's
     `_compute_loss` and `training_step` (`_step` counts micro-batches), calls HF's `_get_output_dir`, and reads TRL's
     private state (`_step`, `_buffered_inputs`, `_metrics`, `_logs`; for the engine `_generate`'s rollout_func,
     `_tokenize_prompts`, `_tokenizer`, `_is_vlm`, `_last_loaded_step`), which a TRL upgrade may rename.
@@ -222,11 +220,9 @@ class GrpoExpTrainer(StageMixing, DynamicSampling, GRPOTrainer):
         self._round_to_score = False  # a round was generated whose batches are not scored yet
         self._on_policy: list[dict] = []  # this round's batches that their own training forward scores
         self._weigh_in_forward: dict | None = None  # the batch whose training forward is running
-        # a stop (base/stop.py) abandons the step in progress at any forward of the policy; the RNG states as the
-        # last finished step left them, which a checkpoint of that step written on a stop holds (save_on_stop)
+        # a stop (base/stop.py) abandons the step in progress at any forward of the policy; what it keeps: stop_save
         self._stop_hook = guards.stop_points(self.model)
-        self._rng_at_step_end: dict | None = None
-        self._end_step_on_stop()
+        self.step_end = stop_save.StepEndState(self)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **model_kwargs):
@@ -418,46 +414,6 @@ class GrpoExpTrainer(StageMixing, DynamicSampling, GRPOTrainer):
             loss = loss + self.extra_loss_term(model)
         return guards.guard_loss(self, model, loss)
 
-    def _end_step_on_stop(self) -> None:
-        """Two things at every step's end, after its callbacks: the RNG states are kept (a checkpoint that a stop
-        writes for this step holds them, save_on_stop), and a stop during those callbacks (the held-out
-        evaluation, the forgetting one) abandons them, not the step: it finished, so it is logged and saved as any
-        step is, and training stops there.
-
-        HF's callback handler is wrapped rather than a Trainer method overridden: nothing after the step-end
-        callbacks and before the save draws a random number (the log row and the save itself do not)."""
-        handler = self.callback_handler
-        step_end = handler.on_step_end
-
-        def on_step_end(args, state, control):
-            try:
-                control = step_end(args, state, control)
-            except stop.Stopped as err:
-                logger.warning("%s at step %s: the step finished, so it is saved; the rest of its step-end "
-                               "work is skipped", err, state.global_step)
-                control.should_save = True
-                control.should_training_stop = True
-            self._rng_at_step_end = rng_states()
-            return control
-
-        handler.on_step_end = on_step_end
-
-    def save_on_stop(self) -> Path | None:
-        """A checkpoint of the last finished step, written on a stop when none was since that step finished;
-        returns it, or None when there is nothing new to save (the last checkpoint is kept as it is).
-
-        The step in progress was abandoned: the weights and the optimizer are as the last finished step left
-        them (an optimizer step is never cut short), and so, put back, are the RNG states, so the checkpoint is
-        the one a save at that step's end would have written."""
-        step = self.state.global_step
-        last = checkpoints.last_checkpoint(self.args.output_dir)
-        if step == 0 or (last is not None and checkpoints.checkpoint_step(last) >= step):
-            return None
-        if self._rng_at_step_end is not None:
-            set_rng_states(self._rng_at_step_end)
-        self._save_checkpoint(self.model_wrapped, trial=None)
-        return Path(self.args.output_dir) / f"checkpoint-{step}"
-
     def _save_checkpoint(self, model, trial):
         """HF's checkpoint, written into a staging directory and renamed into place when complete.
 
@@ -527,22 +483,6 @@ class GrpoExpTrainer(StageMixing, DynamicSampling, GRPOTrainer):
                 if i < len(stages):
                     row["stage"] = stages[i]
                 fh.write(json.dumps(row) + "\n")
-
-
-def rng_states() -> dict:
-    """The RNG states HF's checkpoint holds (Trainer._save_rng_state), in memory."""
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.random.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.random.set_rng_state(states["cpu"])
-    if "cuda" in states:
-        torch.cuda.random.set_rng_state_all(states["cuda"])
 
 
 def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCallback],
