@@ -71,14 +71,14 @@ def fit(r0: float, found: list[tuple[float, float]]) -> dict | None:
             "points": len(found), "start": r0, "max_core_min": float(c.max()), "last": float(y[-1])}
 
 
-def fits(jobs: list[dict], labels: list[str], name: str) -> list[tuple[str, dict, dict]]:
-    """(variant, job, its fit) of every job that can be fitted on set `name`."""
+def fits(jobs: list[dict], labels: list[str], name: str) -> list[tuple[str, tuple, dict]]:
+    """(variant, its points as `points` gives them, its fit) of every job that can be fitted on set `name`."""
     out = []
     for job, label in zip(jobs, labels):
         found = points(job, name)
         fitted = fit(*found) if found else None
         if fitted:
-            out.append((label, job, fitted))
+            out.append((label, found, fitted))
     return out
 
 
@@ -118,8 +118,7 @@ def plot(jobs: list[dict], labels: list[str], path, name: str = "basic"):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = {label: f"C{i}" for i, label in enumerate(dict.fromkeys(label for label, _, _ in fitted))}
-    for label, job, f in fitted:
-        r0, found = points(job, name)
+    for label, (r0, found), f in fitted:
         xs, ys = [0.0] + [p[0] for p in found], [r0] + [p[1] for p in found]
         first = not any(line.get_label() == label for line in ax.get_lines())
         ax.plot(xs, ys, color=colours[label], linewidth=0.9, alpha=0.7, marker="o", markersize=2.5,
