@@ -13,12 +13,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from grpo_exp.analysis import TABLES as NAMES  # the tables' names, as `grpo-report --table` takes them
 from grpo_exp.analysis import aggregates, compute_curve, continual, seed_summary
 from grpo_exp.base.text import markdown_table
-
-
-# the tables' names, as `grpo-report --table` takes them, in the order reports give them
-NAMES = ("before_after", "seeds", "stage_gains", "continual", "continual_vs_baseline", "reward_fifths", "validation_accuracy")
 
 
 @dataclass

@@ -13,7 +13,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     from grpo_exp.analysis import bench
     from grpo_exp.analysis.bench.parent import BASELINES
 
-    p = argparse.ArgumentParser(description=bench.__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(prog="grpo-bench", description=bench.__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=bench.__doc__.split("\n", 1)[1])
     p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m), or a model "
                    "directory or hub id (org/name), loaded as model=custom model.id=MODEL")

@@ -23,7 +23,7 @@ from grpo_exp.config.compose import check_overrides, compose, group_options
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="grpo-compare", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--base", help="model option (conf/model) or model/run directory of the base model")
     p.add_argument("--trained", help="run directory (holding model/) or model directory of the trained model")

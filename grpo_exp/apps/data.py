@@ -8,6 +8,7 @@ trains and is scored on. Other `key=value` arguments are config overrides (`stag
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 from grpo_exp.base import log
@@ -17,6 +18,9 @@ from grpo_exp.base.io import write_jsonl
 logger = log.get_logger(__name__)
 EXIT_BAD_INPUT = 2
 FIELDS = ("question", "answer", "key", "level", "template")
+DESCRIPTION = ("Write one split of a stage's problems to a JSONL file, one object a line with question, answer, "
+               "key (the canonical computation), level and template: the data a run trains and is scored on. Other "
+               "key=value arguments are config overrides (stage.num_test=500, stage.path=...).")
 USAGE = ("usage: python -m grpo_exp.data stage=<stage> split=<train|validation|test> [limit=N] "
          "[train.seed=S] out=<file.jsonl>")
 
@@ -57,9 +61,13 @@ def problems(own: dict[str, str], overrides: list[str]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"{USAGE}\n\n{textwrap.fill(DESCRIPTION, 100)}")
+        return 0
     log.set_level("INFO")
     try:
-        own, overrides = parse(sys.argv[1:] if argv is None else argv)
+        own, overrides = parse(argv)
         rows = problems(own, overrides)
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

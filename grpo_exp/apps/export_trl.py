@@ -10,7 +10,10 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="grpo-export-trl", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="grpo-export-trl", description=(
+        "Write the GRPOConfig a training run trained with as a YAML file that `trl grpo --config <file>` reads "
+        "back with the same values, with the model and dataset keys TRL's script expects and comments on what "
+        "TRL cannot express."))
     parser.add_argument("run", help="a training run's directory (outputs/train/runs/<run>), or its model/")
     parser.add_argument("--out", required=True, help="the YAML file to write (e.g. grpo.yaml)")
     parser.add_argument("--output-dir", help="GRPOConfig.output_dir for TRL's run (default: <run name>-trl)")

@@ -7,7 +7,8 @@ import argparse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Where decoding time goes: generate as GRPO samples, top torch ops, LM-head bandwidth")
+    p = argparse.ArgumentParser(prog="grpo-profile", description="Where decoding time goes: generate as GRPO samples "
+                                "it, the top torch ops, and the LM head's weight-read bandwidth.")
     p.add_argument("--path", default="generate", choices=["generate", "engine"],
                    help="what decodes: transformers' generate (TRL's path; the default) or grpo-exp's rollout "
                         "engine (speed.generation=engine: native-dtype copy, static cache, compiled step where a "

@@ -4,19 +4,26 @@ and the main table printed. `--page docs/results/<name>.md --machine NAME` write
 (its plots in docs/results/<name>/; runs of uncommitted code only with --allow-dirty); `--table NAME` prints one
 of its tables; `--compare <page or run dir>` says whether the runs given reproduce that page's figures. Given a bench's output folder
 (one holding bench.json), `--page` and `--table` do the same for the bench. The logic lives in
-grpo_exp.analysis.report, grpo_exp.analysis.results_page and grpo_exp.analysis.bench.page."""
+grpo_exp.analysis.report, grpo_exp.analysis.results_page and grpo_exp.analysis.bench.page.
+
+`--help` imports neither pandas nor matplotlib nor torch: the table names come from grpo_exp.analysis's
+package module and the bench's light tables module, and the rest loads once the arguments are parsed."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+DESCRIPTION = ("Report on training runs and sweeps: report.md, report.csv and plots (into the first directory, or "
+               "--out), the main table printed. --page writes a results page instead, --table prints one table, "
+               "--compare checks runs against a results page; a bench's output folder takes --page and --table.")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from grpo_exp.analysis import TABLES as NAMES
     from grpo_exp.analysis.bench.tables import NAMES as BENCH_NAMES
-    from grpo_exp.analysis.tables import NAMES
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="grpo-report", description=DESCRIPTION)
     parser.add_argument("dirs", nargs="+", help="multirun directories (outputs/train/multiruns/...) or run "
                                                 "directories; or one bench output folder (with bench.json)")
     parser.add_argument("--out", help="where report.md, report.csv and the plots go (default: the first dir)")

@@ -12,7 +12,9 @@ from grpo_exp.base import log
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m grpo_exp.apps.sampling_gap", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m grpo_exp.apps.sampling_gap", description=(
+        "Write a results page comparing how often training runs' sampled completions were correct with "
+        "`python -m grpo_exp.evaluate`'s pass@1 on the same model (docs/results/two-step-gap.md is one)."))
     parser.add_argument("--eval", required=True, help="a `python -m grpo_exp.evaluate` output with eval.pass_k")
     parser.add_argument("--runs", nargs="+", required=True, help="training runs from the evaluated model")
     parser.add_argument("--page", required=True, help="the Markdown page to write")
