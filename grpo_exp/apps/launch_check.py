@@ -38,7 +38,7 @@ from typing import Any
 
 import grpo_exp
 from grpo_exp.apps import launch_bounds
-from grpo_exp.base.text import error_line
+from grpo_exp.base.text import did_you_mean, error_line
 from grpo_exp.config.options import CONF_DIR, group_options
 
 # The config groups the Launch tab offers, in the order shown (experiment/ablation are sweeps: command line)
@@ -124,9 +124,11 @@ def _unknown(key: str) -> str:
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     under = [k for k in allowed_keys() if parent and k.startswith(parent + ".")]
     if under:
-        return f"unknown config key '{key}'; valid keys under {parent}: {', '.join(k[len(parent) + 1:] for k in under)}"
+        return (f"unknown config key '{key}'{did_you_mean(key, under)}; valid keys under {parent}: "
+                f"{', '.join(k[len(parent) + 1:] for k in under)}")
     top = [k for k in allowed_keys() if "." not in k]
-    return (f"unknown config key '{key}'; valid: {', '.join(top)}, <section>.<key> for the sections "
+    return (f"unknown config key '{key}'{did_you_mean(key, allowed_keys())}; valid: {', '.join(top)}, <section>.<key> "
+            f"for the sections "
             f"{', '.join(_sections())}, and the groups {', '.join(LAUNCH_GROUPS)}")
 
 

@@ -1,8 +1,8 @@
 """The one task wrapper every Hydra entrypoint runs through (in the manner of lightning-hydra-template's
 `task_wrapper`):
 
-1. compose and check the config once: before Hydra creates a run directory for a single run (so bad
-   input leaves nothing behind), or per job inside a sweep;
+1. compose and check the config once, before Hydra creates anything (so bad input leaves nothing behind): a
+   single run's config, or every job of a sweep (config/sweep_check.py), each distinct error said once;
 2. set up the CPU (OpenMP/MKL read their settings when torch loads, so before anything imports it);
 3. run the task and write `status.json` (and `error.txt` with the traceback when it fails);
 4. map errors to exit codes: bad input 2, a run that halted itself 3, anything else Hydra's own.
@@ -56,6 +56,7 @@ def run_task(config_name: str, task: Callable[[Any], dict], check: Callable[[Any
     from omegaconf import DictConfig
 
     import grpo_exp.config.schema  # noqa: F401  (registers the structured-config schemas)
+    from grpo_exp.config import sweep_check
     from grpo_exp.config.compose import CONF_DIR, check_overrides
 
     try:
@@ -76,8 +77,9 @@ def run_task(config_name: str, task: Callable[[Any], dict], check: Callable[[Any
         started = time.time()
         log.set_level(cfg.get("log_level", "INFO"))
         try:
-            if multirun:  # a single run was checked before Hydra started
-                check(cfg)
+            if multirun:  # a single run, and each job of a basic sweep, was checked before Hydra started
+                if tuple(hydra_cfg.overrides.task) not in sweep_check.checked_jobs:
+                    check(cfg)  # a job of another sweeper, or one a launcher runs in another process
                 share_cores(cfg, hydra_cfg)
             cpu.prepare_env(cfg.cpu)  # before anything loads torch: OpenMP reads its settings only then
             result = task(cfg)

@@ -64,11 +64,14 @@ def check(cfg) -> None:
     from grpo_exp.training import hub
 
     hub.check(cfg)  # push_to_hub=true: the hub reachable and a token there, before anything trains
+    hub.check_dataset(cfg.stage)  # stage=gsm8k without stage.path: the hub answers, or its cache holds it
     from grpo_exp.evaluation.run import check_held_out
+    from grpo_exp.training import trl_args
     from grpo_exp.training.stage import check_init_from
 
     check_held_out(cfg)
     check_init_from(cfg)
+    trl_args.check(cfg)  # TRL's own value checks (lr_scheduler_type, optim, ...) before the run directory exists
 
 
 def main() -> None:

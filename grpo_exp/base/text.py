@@ -3,6 +3,9 @@ plugin or a broken file stays on one line, whatever the library or the data put 
 
 from __future__ import annotations
 
+import difflib
+import re
+
 
 def one_line(text: object, limit: int = 200) -> str:
     """`text` with its whitespace folded, cut to `limit` characters."""
@@ -19,10 +22,21 @@ def error_line(err: BaseException, chain: bool = False) -> str:
     parts: list[str] = []
     while err is not None:
         text = str(err).strip().splitlines()
-        if text and text[0] not in parts:
+        # OmegaConf chains its own unfilled message template ("Value '$VALUE' of type '$VALUE_TYPE' ...")
+        # under the filled one: it says nothing the user can act on
+        if text and text[0] not in parts and not _TEMPLATE.search(text[0]):
             parts.append(text[0])
         err = err.__cause__ or err.__context__
     return ": ".join(parts)
+
+
+_TEMPLATE = re.compile(r"\$(VALUE|VALUE_TYPE|KEY|FULL_KEY|OBJECT_TYPE|REF_TYPE|MSG)\b")
+
+
+def did_you_mean(word: str, choices) -> str:
+    """" (did you mean 'x'?)" for the choice closest to a misspelt `word`, or "" when none is close."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def markdown_table(header: list[str], rows: list[list[object]], align: str = "") -> str:

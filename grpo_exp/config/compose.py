@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from grpo_exp.base.errors import ConfigError
-from grpo_exp.base.text import error_line
+from grpo_exp.base.text import did_you_mean, error_line
 
 from grpo_exp.config.speed import check_moved
 from grpo_exp.config.options import CONF_DIR, group_options, groups as _groups
@@ -46,8 +46,10 @@ def check_group_choices(args: list[str], multirun: bool) -> None:
             choice = choice.strip()
             if choice in ("null", "") and group in ("experiment", "debug"):
                 continue
-            if choice not in group_options(group):
-                raise ConfigError(f"unknown {group} option '{choice}'; valid choices: {', '.join(group_options(group))}")
+            options = group_options(group)
+            if choice not in options:
+                raise ConfigError(f"unknown {group} option '{choice}'{did_you_mean(choice, options)}; "
+                                  f"valid choices: {', '.join(options)}")
 
 
 LAUNCHER_GROUP = "hydra/launcher"
@@ -55,14 +57,9 @@ LAUNCHER_EXTRA = "launchers"
 
 
 def launcher_options() -> list[str]:
-    """hydra/launcher choices: Hydra's `basic`, conf/hydra/launcher/*.yaml and installed plugins' own."""
-    from hydra.core.config_store import ConfigStore
-    from hydra.core.plugins import Plugins
-
-    Plugins.instance()  # imports the installed hydra_plugins packages, which register their configs
-    stored = {name.rsplit(".", 1)[0] for name in ConfigStore.instance().list(LAUNCHER_GROUP)}
-    files = {p.stem for p in (CONF_DIR / LAUNCHER_GROUP).glob("*.yaml")}
-    return sorted(stored | files | {"basic"})
+    """hydra/launcher choices: Hydra's `basic` and conf/hydra/launcher/*.yaml. An allowlist: the plugins
+    register more configs of their own (ray_aws starts machines on AWS), which grpo-exp does not offer."""
+    return sorted({p.stem for p in (CONF_DIR / LAUNCHER_GROUP).glob("*.yaml")} | {"basic"})
 
 
 def _launcher_target(choice: str) -> str | None:
@@ -89,10 +86,11 @@ def check_launcher(args: list[str]) -> None:
     if "," in choice:
         raise ConfigError(f"{LAUNCHER_GROUP}={choice}: a sweep runs on one launcher; choose one of: {', '.join(options)}")
     if choice not in options:
-        raise ConfigError(f"unknown {LAUNCHER_GROUP} option '{choice}'; valid choices: {', '.join(options)}")
+        raise ConfigError(f"unknown {LAUNCHER_GROUP} option '{choice}'{did_you_mean(choice, options)}; "
+                          f"valid choices: {', '.join(options)}")
     target = _launcher_target(choice)
     if not target:
-        return  # Hydra's basic launcher, or a plugin's own config (so its plugin is installed)
+        return  # Hydra's basic launcher
     module = target.rsplit(".", 1)[0]
     try:
         importlib.import_module(module)
@@ -104,9 +102,10 @@ def check_launcher(args: list[str]) -> None:
                           f"({error_line(err)}); install it with: pip install -e '.[{LAUNCHER_EXTRA}]'") from None
 
 
-def compose(config_name: str, overrides: list[str] | None = None):
+def compose(config_name: str, overrides: list[str] | None = None, with_hydra: bool = False):
     """The config `python -m grpo_exp.<entrypoint> <overrides>` would get (config_name: train or evaluate),
-    composed with Hydra's API, inside a running Hydra app or outside one."""
+    composed with Hydra's API, inside a running Hydra app or outside one; `with_hydra` keeps Hydra's own node
+    (run directory, sweeper, the groups' choices)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -114,12 +113,17 @@ def compose(config_name: str, overrides: list[str] | None = None):
 
     overrides = list(overrides or [])
     if GlobalHydra.instance().is_initialized():
-        return hydra_compose(config_name=config_name, overrides=overrides)
+        return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
+    if with_hydra:
+        from hydra.core.utils import setup_globals
+
+        setup_globals()  # Hydra's ${now:...} resolver, which the run directory's name uses
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=overrides)
+        return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
 
 
-def _valid_keys(config_name: str, key: str) -> str:
+def _valid_keys(config_name: str, key: str) -> list[str]:
+    """The keys beside `key` (under its parent), full names."""
     parent = key.rsplit(".", 1)[0] if "." in key else None
     try:
         cfg = compose(config_name)
@@ -127,13 +131,12 @@ def _valid_keys(config_name: str, key: str) -> str:
         keys = sorted(str(k) for k in node.keys()) if node is not None and hasattr(node, "keys") else []
     except Exception:
         keys = []
-    where = f" under {parent}" if parent else ""
-    return f"; valid keys{where}: {', '.join(keys)}" if keys else ""
+    return [f"{parent}.{k}" if parent else k for k in keys]
 
 
 def compose_error(config_name: str, overrides: list[str], err: Exception) -> str:
-    """One line for a failed composition: the unknown key with the valid ones beside it, or Hydra's chain of
-    causes, first lines only."""
+    """One line for a failed composition: the unknown key with the nearest valid one and the valid ones beside
+    it, or Hydra's chain of causes, first lines only."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     cause = err.__cause__ or err
@@ -143,27 +146,50 @@ def compose_error(config_name: str, overrides: list[str], err: Exception) -> str
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and bad:
         key = bad.split("=", 1)[0].lstrip("+~")
         check_moved([key])
-        return f"unknown config key '{key}'{_valid_keys(config_name, key)}"
+        valid = _valid_keys(config_name, key)
+        parent = key.rsplit(".", 1)[0] if "." in key else None
+        listed = [k.rsplit(".", 1)[-1] for k in valid]
+        where = f" under {parent}" if parent else ""
+        return (f"unknown config key '{key}'{did_you_mean(key, valid)}"
+                + (f"; valid keys{where}: {', '.join(listed)}" if listed else ""))
     return error_line(err, chain=True)
 
 
+# Hydra's flags that show a config or its sources instead of running; Hydra takes one of them or -m, not both
+SHOW_FLAGS = ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--resolve", "-p", "--package")
+
+
 def check_overrides(config_name: str, args: list[str], validate: Callable | None = None) -> None:
-    """Compose once with the user's overrides so type, key and value errors surface as one line.
+    """Compose once with the user's overrides so type, key and value errors surface as one line, then check
+    what the command will do (config/run_checks.py); a sweep (-m) has every job checked (config/sweep_check.py).
 
     `validate(cfg)` runs the semantic checks on the composed config, still before any model loads
     and before Hydra creates a run directory.
     """
     multirun = any(a in ("-m", "--multirun") for a in args)
+    flags = [a.split("=", 1)[0] for a in args if a.startswith("-")]
+    if multirun and any(f in SHOW_FLAGS for f in flags):
+        shown = next(f for f in flags if f in SHOW_FLAGS)
+        raise ConfigError(f"-m and {shown} cannot be combined (Hydra shows the config of one run at a time); drop -m "
+                          f"and give one job's values to see its config")
     check_moved(args)
     check_group_choices(args, multirun)
     check_launcher(args)
-    if multirun or any(a.startswith("-") for a in args):
-        return  # sweeps and Hydra flags are composed per job by Hydra itself
-    overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
+    if any(f not in ("-m", "--multirun") for f in flags):
+        return  # Hydra's own flags (--cfg, --info, ...) compose and print the config themselves
+    overrides = [a for a in args if not a.startswith("-")]
+    if multirun:
+        check_sweep(config_name, overrides, validate)
+        return
     try:
-        cfg = compose(config_name, overrides)
+        cfg = compose(config_name, overrides, with_hydra=True)
     except Exception as err:
         raise ConfigError(compose_error(config_name, overrides, err)) from None
+    from grpo_exp.config.run_checks import check_run
+
+    check_run(cfg, config_name)
+    with open_dict(cfg):
+        del cfg["hydra"]  # the checks below read the run's own config, as the task will
     if "cpu" in cfg:
         from grpo_exp.base import cpu
 
@@ -171,3 +197,33 @@ def check_overrides(config_name: str, args: list[str], validate: Callable | None
         cpu.prepare_env(cfg.cpu)
     if validate is not None:
         validate(cfg)
+
+
+def check_sweep(config_name: str, overrides: list[str], validate: Callable | None) -> None:
+    """Compose and check every job of the sweep `overrides` describe (config/sweep_check.py); raise one
+    ConfigError that holds each distinct problem once, with the jobs it concerns."""
+    from grpo_exp.config import sweep_check
+    from grpo_exp.config.run_checks import check_writable
+
+    try:
+        jobs, sweep_dir = sweep_check.sweep_jobs(config_name, overrides)
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(compose_error(config_name, overrides, err)) from None
+    check_writable("hydra.sweep.dir", sweep_dir)
+    if jobs is None:
+        return  # another sweeper (a search) makes its jobs as it goes; each is checked when it starts
+    problems: dict[str, list[int]] = {}
+    for num, job in enumerate(jobs):
+        try:
+            cfg = compose(config_name, job)
+            if validate is not None:
+                validate(cfg)
+        except ConfigError as err:
+            problems.setdefault(str(err), []).append(num)
+        except Exception as err:
+            problems.setdefault(compose_error(config_name, job, err), []).append(num)
+    if problems:
+        raise ConfigError(sweep_check.sweep_error(problems, len(jobs)))
+    sweep_check.checked_jobs.update(tuple(job) for job in jobs)

@@ -53,6 +53,15 @@ class ModelConfig:
             require(bool(model.id), "model.id is empty; give a hub id (org/name) or a local model directory")
         if model.source == "packaged_gguf":
             require(bool(model.package), "model.package is empty; name the pip package that holds the GGUF")
+        if model.source == "tiny_random":
+            for key in ("tiny_layers", "tiny_hidden", "tiny_heads", "tiny_kv_heads", "tiny_intermediate"):
+                require(isinstance(model[key], int) and model[key] >= 1,
+                        f"model.{key}={model[key]} must be a positive integer")
+            # the shapes transformers' Llama refuses after the run directory is written
+            require(model.tiny_hidden % model.tiny_heads == 0,
+                    f"model.tiny_heads={model.tiny_heads} must divide model.tiny_hidden={model.tiny_hidden}")
+            require(model.tiny_heads % model.tiny_kv_heads == 0,
+                    f"model.tiny_kv_heads={model.tiny_kv_heads} must divide model.tiny_heads={model.tiny_heads}")
 
 
 @dataclass

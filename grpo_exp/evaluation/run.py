@@ -127,13 +127,13 @@ def check_held_out(cfg) -> None:
     stage = cfg.stage
     if stage.dataset != "gsm8k" or not stage.path:
         return  # generated levels are sized by the config's own checks
-    needed = {}
+    needed = []  # (split, problems, the key that asks for them)
     if cfg.eval.every_steps:
-        needed["validation"] = cfg.eval.every_limit
+        needed.append(("validation", cfg.eval.every_limit, "eval.every_limit"))
     if cfg.eval.after_train:
-        needed[cfg.eval.split] = max(cfg.eval.limit, needed.get(cfg.eval.split, 0))
-    for split, limit in needed.items():
-        held_out_split(stage, split, limit, cfg.train.seed)
+        needed.append((cfg.eval.split, cfg.eval.limit, "eval.limit"))
+    for split, limit, key in sorted(needed, key=lambda need: -need[1]):  # the larger ask of a split first
+        held_out_split(stage, split, limit, cfg.train.seed, key=key)
 
 
 # --- data, model, evaluation -----------------------------------------------------------------
@@ -157,21 +157,23 @@ def load_sets(cfg) -> list[EvalSet]:
     return sets
 
 
-def held_out_split(stage, split: str, limit: int, seed: int, name: str | None = None) -> list[dict]:
+def held_out_split(stage, split: str, limit: int, seed: int, name: str | None = None,
+                   key: str = "eval.limit") -> list[dict]:
     """The held-out split (validation or test) of a stage that evaluations draw their first `limit`
-    problems from; a split smaller than `limit` is a one-line ConfigError naming both numbers."""
+    problems from; a split smaller than `limit` is a one-line ConfigError naming both numbers and `key`, the
+    setting that asked for them."""
     from grpo_exp.core import data
 
     name = name or stage.name
     size = stage[f"num_{split}"]
     if stage.dataset in data.LEVELS and limit > size:
         raise ConfigError(f"eval set '{name}' holds {size} {split} problems (stage.num_{split}) but "
-                          f"{limit} were asked for (eval.limit={limit}); lower the limit or raise stage.num_{split}")
+                          f"{limit} were asked for ({key}={limit}); lower the limit or raise stage.num_{split}")
     # GSM8K's held-out sets are whole splits of its files, of which the first `limit` are scored
     problems = stage_split(stage, split, seed, size=0 if stage.dataset == "gsm8k" else None)
     if len(problems) < limit:
         raise ConfigError(f"eval set '{name}' holds {len(problems)} {split} problems but {limit} were asked for "
-                          f"(eval.limit={limit}); lower the limit or use a larger {split} split")
+                          f"({key}={limit}); lower the limit or use a larger {split} split")
     return problems
 
 

@@ -46,6 +46,50 @@ def hub_unreachable(token: str) -> str | None:
     return None
 
 
+def hub_silent() -> str | None:
+    """Why the hub does not answer an anonymous request within CHECK_TIMEOUT_S (offline mode, no network), or
+    None."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if offline():
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=CHECK_TIMEOUT_S)
+    except Exception as err:  # DNS, connection refused, timeout, proxy
+        first = str(err).splitlines()[0][:160] if str(err) else "no answer"
+        return f"{constants.ENDPOINT} did not answer: {type(err).__name__}: {first}"
+    return None
+
+
+# GSM8K's train and test JSONL files written from the hub once, on a machine that reaches it
+FETCH_GSM8K = ("python -c \"from datasets import load_dataset; [load_dataset('{hub_id}', '{config}', split=s)"
+               ".to_json(f'gsm8k/{{s}}.jsonl') for s in ('train', 'test')]\"")
+
+
+def check_dataset(stage) -> None:
+    """stage=gsm8k without stage.path reads the hub at the start of training: fail now, in one line saying how to
+    give a local copy, where the hub does not answer and the datasets cache does not hold it."""
+    if stage.dataset != "gsm8k" or stage.path:
+        return
+    reason = hub_silent()
+    if reason is None or _cached(stage.hub_id):
+        return
+    fetch = FETCH_GSM8K.format(hub_id=stage.hub_id, config=stage.hub_config)
+    raise ConfigError(f"stage.dataset=gsm8k reads {stage.hub_id} from the hub, which cannot be reached ({reason}), "
+                      f"and the datasets cache does not hold it; give a local copy with stage.path=<dir holding "
+                      f"train.jsonl and test.jsonl>, written once where the hub answers with: {fetch}")
+
+
+def _cached(hub_id: str) -> bool:
+    """The datasets cache holds a copy of `hub_id` (datasets' folder naming: org___name)."""
+    try:
+        from datasets import config
+    except ImportError:
+        return False
+    return any((Path(config.HF_DATASETS_CACHE) / hub_id.replace("/", "___")).glob("*"))
+
+
 def check(cfg) -> None:
     """The pre-check of push_to_hub=true: one line and no training where the upload could not happen."""
     if not cfg.get("push_to_hub"):

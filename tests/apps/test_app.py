@@ -93,7 +93,7 @@ def test_a_refused_run_shows_its_one_line(tmp_path):
     from grpo_exp.apps.launch_check import LaunchRefused
 
     launcher = Launcher(tmp_path)
-    with pytest.raises(LaunchRefused, match="unknown config key 'train.max_stepz'; valid keys under train:"):
+    with pytest.raises(LaunchRefused, match="unknown config key 'train.max_stepz' \(did you mean 'train.max_steps'\?\); valid keys under train:"):
         launcher.start(["debug=smoke", "logger=none", "train=default", "train.max_stepz=3"])
     assert launcher.current is None and not (tmp_path / "train").exists()
     (tmp_path / "no_model").mkdir()

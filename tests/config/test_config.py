@@ -98,9 +98,11 @@ BAD_CLI = [
     (["train.rollout=trl"], "train.rollout has moved: set speed.generation instead"),
     (["train.saved_tensors=lean"], "train.saved_tensors has moved: set speed.exact_shortcuts instead"),
     (["-m", "train.attention=sdpa,grouped"], "train.attention has moved: set speed.attention instead"),
-    (["train.max_stepz=3"], "unknown config key 'train.max_stepz'; valid keys under train:"),
+    (["train.max_stepz=3"], "unknown config key 'train.max_stepz' (did you mean 'train.max_steps'?); valid keys "
+                            "under train:"),
     # the group named first (as the web app's Launch tab does) must not take the blame
-    (["train=default", "train.max_stepz=3"], "unknown config key 'train.max_stepz'; valid keys under train:"),
+    (["train=default", "train.max_stepz=3"], "unknown config key 'train.max_stepz' (did you mean 'train.max_steps'?); "
+                                             "valid keys under train:"),
     (["train.num_generations=3"], "does not divide the generation batch of 32"),
     (["train.importance_sampling_level=seq"],
      "train.importance_sampling_level='seq' is not valid; choose one of: token, sequence"),
@@ -109,6 +111,14 @@ BAD_CLI = [
     (["stage=gsm8k", "stage.path=/no/such/file.jsonl"], "/no/such/file.jsonl"),
     (["model=custom", "model.id=no-such-org/no-such-model"], "no-such-org/no-such-model"),
     (["model=custom", "model.id=/no/such/model_dir"], "/no/such/model_dir"),
+    # TRL's own value checks, silent runs, launchers, shapes: each one line before anything is written
+    (["model=tiny_random", "train.lr_scheduler_type=cosin"], "train.lr_scheduler_type=cosin: cosin is not a valid"),
+    (["experiment=continual"], "experiment=continual is a sweep (over "),
+    (["model=tiny_random", "resume=true"], "holds no run to continue"),
+    (["model=tiny_random", "model.tiny_heads=3"], "model.tiny_heads=3 must divide model.tiny_hidden=64"),
+    (["-m", "hydra/launcher=ray_aws", "train.seed=1,2"], "unknown hydra/launcher option 'ray_aws'"),
+    (["model=tiny_randm"], "(did you mean 'tiny_random'?)"),
+    (["stage=gsm8k"], "give a local copy with stage.path="),
 ]
 
 

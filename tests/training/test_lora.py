@@ -48,7 +48,7 @@ def test_grpo_steps_change_only_the_adapter(tmp_path, test_rewards):
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     trainer = build_trainer(cfg, parts, tmp_path, [])
-    assert trainer.share_prefixes  # the shared-prefix scoring serves the adapter, no fallback
+    assert trainer.speed_plan.shared_prefix  # the shared-prefix scoring serves the adapter, no fallback
     trainer.train()
 
     after = {n: p.detach() for n, p in model.named_parameters()}
@@ -283,10 +283,10 @@ def test_lora_defaults_validate_and_none_is_the_default(tmp_path):
 
 # Through the real entrypoint: exit code 2, one line naming the value, no run directory.
 BAD_CLI = [
-    (["peft=qlora"], "unknown peft option 'qlora'; valid choices: lora, none"),
+    (["peft=qlora"], "unknown peft option 'qlora' (did you mean 'lora'?); valid choices: lora, none"),
     (["peft=lora", "peft.r=0"], "peft.r=0 must be a positive integer"),
     (["peft=lora", "peft.r=1.5"], "peft.r"),
-    (["peft.rank=8"], "unknown config key 'peft.rank'; valid keys under peft: alpha, dropout, name, r"),
+    (["peft.rank=8"], "unknown config key 'peft.rank' (did you mean 'peft.r'?); valid keys under peft: alpha, dropout, name, r"),
 ]
 
 
