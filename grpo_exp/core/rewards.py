@@ -1,11 +1,15 @@
 """Reward functions for GRPO on numeric-answer math tasks, registered by name (open-r1 style).
 
 Every reward has TRL's signature ``fn(completions, answer, **kwargs) -> list[float]`` and returns
-exactly one float per completion, whatever the completion holds.
+exactly one float per completion, whatever the completion holds. `reward.funcs` names registered rewards
+or a user's own by import path (``my_package.my_module:fn``), checked when the config is (before any model
+loads): the module imports, the name is a function, and it takes TRL's keyword arguments.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -326,6 +330,62 @@ class RewardConfigError(ConfigError):
     """reward.funcs or reward.weights is invalid; the message names the bad value and the valid ones."""
 
 
+SIGNATURE = "fn(completions, **kwargs) returning one float per completion"
+
+
+def _signature_problem(fn: Callable) -> str | None:
+    """Why TRL could not call `fn` as it calls a reward (keywords only: prompts, completions, completion_ids,
+    trainer_state and the dataset's columns), or None."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: TRL may still call it
+        return None
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        return "it takes no **kwargs, and TRL passes prompts, completion_ids and the dataset's columns as well"
+    required = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if required:
+        return f"its positional-only parameter {required[0]} cannot be given, as TRL passes keywords only"
+    if not any(p.name == "completions" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        return "it has no completions parameter"
+    return None
+
+
+def import_path(entry: str) -> Callable[..., list[float]]:
+    """The reward at `package.module:function` (a dotted attribute after the colon also works)."""
+    module_name, _, attr = entry.partition(":")
+    if not all(part.isidentifier() for part in [*module_name.split("."), *attr.split(".")]):
+        raise RewardConfigError(f"reward.funcs entry '{entry}' is not an import path of the form "
+                                "package.module:function")
+    try:
+        found: Any = importlib.import_module(module_name)
+    except Exception as err:  # not found, or the module's own code failed on import
+        why = " ".join(str(err).split())  # one line, whatever the module raised
+        raise RewardConfigError(f"reward.funcs entry '{entry}': importing {module_name} failed "
+                                f"({type(err).__name__}: {why}); the module must be on the Python path (the current "
+                                "directory is, for python -m grpo_exp.train)") from None
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            raise RewardConfigError(f"reward.funcs entry '{entry}': {module_name} has no {attr}")
+        found = getattr(found, part)
+    if not callable(found):
+        raise RewardConfigError(f"reward.funcs entry '{entry}' is a {type(found).__name__}, not a function; "
+                                f"a reward is {SIGNATURE}")
+    problem = _signature_problem(found)
+    if problem:
+        raise RewardConfigError(f"reward.funcs entry '{entry}' cannot be a reward: {problem}; a reward is {SIGNATURE}")
+    return found
+
+
+def resolve(name: str) -> Callable[..., list[float]]:
+    """A reward by registered name, or by import path when the name holds a colon."""
+    if ":" in name:
+        return import_path(name)
+    if name not in REGISTRY:
+        raise RewardConfigError(f"unknown reward function '{name}' in reward.funcs; valid names: "
+                                f"{', '.join(sorted(REGISTRY))}, or an import path package.module:function")
+    return REGISTRY[name]
+
+
 def build(
     funcs: Sequence[str], weights: Sequence[float] | None
 ) -> tuple[list[Callable[..., list[float]]], list[float]]:
@@ -336,11 +396,7 @@ def build(
     names = list(funcs) if funcs is not None else []
     if not names:
         raise RewardConfigError(f"reward.funcs is empty; choose at least one of: {valid}")
-    for name in names:
-        if name not in REGISTRY:
-            raise RewardConfigError(
-                f"unknown reward function '{name}' in reward.funcs; valid names: {valid}"
-            )
+    functions = [resolve(str(name)) for name in names]
     # TRL logs rewards/<name>/mean per function, so a repeated name would merge two metrics.
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -348,6 +404,12 @@ def build(
             f"reward.funcs lists {', '.join(duplicates)} more than once; give each function once "
             "and scale it with reward.weights"
         )
+    logged = [getattr(fn, "__name__", type(fn).__name__) for fn in functions]
+    clashes = sorted({n for n in logged if logged.count(n) > 1})
+    if clashes:
+        entries = ", ".join(str(n) for n, f in zip(names, logged) if f == clashes[0])
+        raise RewardConfigError(f"reward.funcs holds two functions named {clashes[0]} ({entries}), which TRL would "
+                                "log as one rewards/<name>/mean; rename one")
     if weights is None:
         resolved = [1.0] * len(names)
     else:
@@ -370,4 +432,4 @@ def build(
                     f"reward.weights entry {weight!r} for '{name}' must be a finite number"
                 )
             resolved.append(value)
-    return [REGISTRY[name] for name in names], resolved
+    return functions, resolved

@@ -55,5 +55,6 @@ def test_customize_examples_run_in_order(tmp_path):
     assert (repo / "outputs" / "my_data_run" / "before_after.md").is_file()
     assert (repo / "outputs" / "beads_run" / "before_after.json").is_file()
     assert "rewards/brevity/mean" in (repo / "outputs" / "brevity_run" / "history.jsonl").read_text()
+    assert "rewards/near_miss/mean" in (repo / "outputs" / "near_miss_run" / "history.jsonl").read_text()
     assert (repo / "outputs" / "my_model_run" / "model" / "config.json").is_file()
     assert not (ROOT / "conf" / "stage" / "beads.yaml").exists()
