@@ -85,3 +85,16 @@ def test_report_help_loads_no_heavy_library():
     assert done.returncode == 0, done.stderr
     assert re.search(r"usage: grpo-report", done.stdout)
     assert done.stdout.strip().splitlines()[-1] == "[]", f"grpo-report --help imported {done.stdout.splitlines()[-1]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["train", "evaluate"])
+def test_hydra_mains_say_what_they_do(module):
+    """Hydra's own header ("train is powered by Hydra.") said nothing; the root config's hydra.help says what runs."""
+    done = subprocess.run([sys.executable, "-m", f"grpo_exp.{module}", "--help"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"python -m grpo_exp.{module} (also grpo-{module}): "), done.stdout[:200]
+    header = " ".join(done.stdout.split("== Configuration groups ==")[0].split())
+    assert header.endswith("."), header
+    assert "powered by Hydra" not in done.stdout
