@@ -95,10 +95,10 @@ def _config(run_dir: Path):
 
 def _answers(run_dir: Path, rows: list[dict]) -> list[str]:
     """Each logged completion's ground truth, looked up by its question in the run's training problems."""
-    from grpo_exp.training.stage import stage_examples
+    from grpo_exp.core.data import stage_split
 
     cfg = _config(run_dir)
-    truth = {ex["question"]: str(ex["answer"]) for ex in stage_examples(cfg, "train")}
+    truth = {ex["question"]: str(ex["answer"]) for ex in stage_split(cfg.stage, "train", cfg.train.seed)}
     missing = [r["prompt"] for r in rows if r["prompt"] not in truth]
     if missing:
         raise ValueError(f"{len(missing)} logged prompts are not training problems of {run_dir}, e.g. {missing[0]!r}")
@@ -111,12 +111,12 @@ def prompt_tokens_match(run_dir: Path, limit: int = 64) -> tuple[int, int]:
     from transformers import AutoTokenizer
 
     from grpo_exp.core import models
-    from grpo_exp.core.data.prompts import to_messages
-    from grpo_exp.training.stage import stage_examples
+    from grpo_exp.core.data import stage_split, to_messages
 
     cfg = _config(run_dir)
     tokenizer = models.prepare_tokenizer(AutoTokenizer.from_pretrained(str(run_dir / "model")))
-    prompts = [to_messages(ex["question"], cfg.reward.system_prompt) for ex in stage_examples(cfg, "train")[:limit]]
+    prompts = [to_messages(ex["question"], cfg.reward.system_prompt)
+               for ex in stage_split(cfg.stage, "train", cfg.train.seed)[:limit]]
     tokenizer.padding_side = "left"
     enc = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, return_dict=True, padding=True)
     trl = tokenizer.apply_chat_template(conversation=prompts, add_generation_prompt=True, tokenize=True,

@@ -46,7 +46,6 @@ def problems(own: dict[str, str], overrides: list[str]) -> list[dict]:
     from grpo_exp.config.checks import validate
     from grpo_exp.config.compose import check_group_choices, compose
     from grpo_exp.core import data
-    from grpo_exp.evaluation.run import stage_split
 
     if own["split"] not in data.SPLITS:
         raise ConfigError(f"unknown split '{own['split']}'; valid splits: {', '.join(data.SPLITS)}")
@@ -56,7 +55,7 @@ def problems(own: dict[str, str], overrides: list[str]) -> list[dict]:
     check_group_choices(overrides, multirun=False)  # stage=foo names the valid stages
     cfg = compose("train", overrides)
     validate(cfg)
-    rows = stage_split(cfg.stage, own["split"], cfg.train.seed)
+    rows = data.stage_split(cfg.stage, own["split"], cfg.train.seed)
     return rows[: int(limit)] if limit else rows
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_exp.core.data.splits import split_seed  # noqa: F401  (the config checks read it here; defined with the splits)
+
 
 def run_config(path: str | Path | None) -> tuple[DictConfig, Path] | None:
     """(config, its file) a training run was started with (.hydra/config.yaml), for a run dir or its model/."""
@@ -18,10 +20,3 @@ def run_config(path: str | Path | None) -> tuple[DictConfig, Path] | None:
         if saved.is_file():
             return OmegaConf.load(saved), saved
     return None
-
-
-def split_seed(stage, seed: int) -> int:
-    """The seed that cuts a stage's splits: its `stage.split_seed`, or, for a run recorded before that key
-    existed, the training seed it drew them with."""
-    recorded = stage.get("split_seed") if hasattr(stage, "get") else None
-    return int(seed if recorded is None else recorded)

@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from grpo_exp.base import log
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.text import markdown_table
-from grpo_exp.config.recorded import run_config, split_seed
+from grpo_exp.config.recorded import run_config
+from grpo_exp.core.data.splits import split_seed, stage_split
 
 logger = log.get_logger(__name__)
 
@@ -175,19 +176,6 @@ def held_out_split(stage, split: str, limit: int, seed: int, name: str | None = 
         raise ConfigError(f"eval set '{name}' holds {len(problems)} {split} problems but {limit} were asked for "
                           f"({key}={limit}); lower the limit or use a larger {split} split")
     return problems
-
-
-def stage_split(stage, split: str, seed: int, size: int | None = None) -> list[dict]:
-    """The problems of one split of a stage node (conf/stage): stage.num_<split> of them unless `size` is
-    given (0: all, for a GSM8K file). The bands and held-out sets come from `split_seed`; `seed` (the
-    training seed) picks the training problems."""
-    from grpo_exp.core import data
-
-    size = stage[f"num_{split}"] if size is None else size
-    return data.build_examples(stage.dataset, split, size=size, seed=split_seed(stage, seed), path=stage.path,
-                               hub_id=stage.hub_id, hub_config=stage.hub_config,
-                               test_fraction=stage.test_fraction, validation_fraction=stage.validation_fraction,
-                               sample_seed=seed)
 
 
 def recorded_data_settings(model_dir: Path | None) -> dict | None:

@@ -13,11 +13,16 @@ estimate would not be the Fisher of either.
 In a data-parallel run each process samples and differentiates a share of the sequences (whole sampling
 batches, seeded as in a single process, so the shares together are the single process's sequences); the
 squared-gradient sums and counts are all-reduced, so every process holds the same estimate.
+
+A stage's EWC state: the one init_from carries in (`carried_state`, or `starting_fisher` for an init_from run
+trained without EWC), and the one it saves at its end (`consolidate_fisher`).
 """
 
 from __future__ import annotations
 
 import json
+import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,11 +30,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from grpo_exp.base import dist
+from grpo_exp.base import dist, log
 from grpo_exp.base.errors import ConfigError
+from grpo_exp.base.run_files import FISHER_FILE
+from grpo_exp.config.recorded import run_config
+from grpo_exp.core import data
+from grpo_exp.training import lora
 from grpo_exp.training.sampling import sample_batches
 
-FISHER_FILE = "fisher.safetensors"
+logger = log.get_logger(__name__)
 EMBEDDING_MARKERS = ("embed_tokens", "lm_head", "wte", "embed_out")
 
 
@@ -233,3 +242,75 @@ def estimate(model, tokenizer, prompts: list[list[dict]], *, samples: int, max_n
     return fisher
 
 
+# --- a stage's EWC state ---------------------------------------------------------------------
+
+def check_init(cfg, init: tuple[Path, Path] | None) -> None:
+    """ewc.lambda>0 from an init_from without an EWC state: its Fisher is estimated at the start instead
+    (starting_fisher), which needs the stage that run trained (its .hydra config)."""
+    if init and cfg.ewc["lambda"] > 0 and not (init[1] / FISHER_FILE).is_file():
+        if run_config(init[1]) is None:
+            raise ConfigError(f"init_from={cfg.init_from} has no EWC state ({FISHER_FILE} in {init[1]}) and no "
+                              f"recorded run config (.hydra/config.yaml) to estimate it from; give a run directory, "
+                              f"train that stage with ewc.lambda>0, or continue with ewc.lambda=0")
+        if lora.enabled(cfg):
+            raise ConfigError(f"init_from={cfg.init_from} has no EWC state ({FISHER_FILE}); with peft=lora the "
+                              f"Fisher covers the adapter, so train that stage with ewc.lambda>0 and peft=lora")
+
+
+def carried_state(cfg, init: tuple[Path, Path] | None) -> EwcState | None:
+    """The EWC state init_from saved, where this stage uses one (ewc.lambda > 0); loaded before the model, so
+    a broken file fails before anything heavy."""
+    if init is not None and cfg.ewc["lambda"] > 0 and (init[1] / FISHER_FILE).is_file():
+        return EwcState.load(init[1])
+    return None
+
+
+def source(init: tuple[Path, Path] | None, state: EwcState | None) -> str | None:
+    """Where the carried EWC state came from (metrics.json, checkpoints' run state)."""
+    if state is None:
+        return None
+    saved = init[1] / FISHER_FILE
+    return str(saved) if saved.is_file() else f"estimated at the start from {init[0]} (starting_fisher)"
+
+
+def consolidate_fisher(cfg, model, tokenizer, examples: list[dict], old_state: EwcState | None,
+                       run_dir: Path) -> tuple[EwcState, dict]:
+    """Estimate this stage's Fisher on its training prompts, fold it into the running EWC state, save it;
+    returns (the state, its figures for metrics.json)."""
+    t0 = time.time()
+    prompts = [data.to_messages(ex["question"], cfg.reward.system_prompt) for ex in examples]
+    random.Random(cfg.train.seed).shuffle(prompts)
+    # every process estimates on its share of the samples, and all of them get the whole estimate
+    fisher = estimate(
+        model, tokenizer, prompts, samples=cfg.ewc["fisher_samples"],
+        max_new_tokens=cfg.ewc["fisher_max_new_tokens"] or cfg.train.max_completion_length,
+        temperature=cfg.train.temperature, batch_size=cfg.ewc["fisher_batch_size"], seed=cfg.train.seed,
+        include_embeddings=cfg.ewc["include_embeddings"], shard=(dist.rank(), dist.world_size()),
+    )
+    anchor = current_parameters(model, fisher.keys())
+    base = old_state if old_state is not None else EwcState({}, {}, [], {})
+    state = base.consolidate(fisher, anchor, cfg.ewc["gamma"], cfg.stage.name)
+    if dist.is_main():
+        state.save(run_dir)
+    return state, {"fisher_time_s": time.time() - t0, **{k: v for k, v in state.stats().items() if k != "stages"},
+                   "ewc_stages": state.stages}
+
+
+def starting_fisher(cfg, model, tokenizer, init_dir: Path) -> EwcState:
+    """The EWC state of an init_from run trained without EWC: its Fisher, estimated now on the model it
+    saved and the prompts of the stage it trained, with that run's data seed, sampling temperature,
+    completion length and system prompt (its .hydra/config.yaml). So any earlier run can be protected,
+    and one basic run can start an EWC sweep. Saved in this run's directory, never in init_from's."""
+    from omegaconf import OmegaConf
+
+    recorded = run_config(init_dir)[0]
+    earlier = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    earlier.stage = OmegaConf.to_container(recorded.stage, resolve=True)
+    for key in ("seed", "temperature", "max_completion_length"):
+        earlier.train[key] = recorded.train[key]
+    earlier.reward.system_prompt = recorded.reward.system_prompt
+    examples = data.stage_split(earlier.stage, "train", earlier.train.seed)
+    state, figures = consolidate_fisher(earlier, model, tokenizer, examples, None, Path(cfg.paths.output_dir))
+    logger.info("init_from=%s has no EWC state: estimated its Fisher on %s prompts in %.1f s (mean %.3g)",
+                init_dir, earlier.stage.name, figures["fisher_time_s"], figures["fisher_mean"])
+    return state

@@ -144,3 +144,26 @@ class ForgettingCallback(TrainerCallback):
                 f"eval/{name}/n": metrics["n"],
             })
         return row
+
+
+def forgetting_callback(cfg, pending_logs: dict, previous_dir) -> ForgettingCallback:
+    """The `eval.forgetting_sets` callback of a stage, its reference sampled from `previous_dir` (init_from's
+    model/ on disk: the previous stage's policy, also when this stage resumes from a checkpoint)."""
+    from grpo_exp.core import models
+    from grpo_exp.evaluation.run import set_settings, validation_subset
+
+    t0 = time.time()
+    previous, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed, init_from=previous_dir)
+    sets = []
+    for name in dict.fromkeys(cfg.eval.forgetting_sets):
+        stage, max_new_tokens = set_settings(cfg, name)
+        examples = validation_subset(cfg, stage, name)
+        reference = sample_reference(previous, tokenizer, [ex["question"] for ex in examples],
+                                     system_prompt=cfg.reward.system_prompt, max_new_tokens=max_new_tokens,
+                                     seed=cfg.train.seed, batch_size=cfg.eval.batch_size)
+        sets.append((name, examples, max_new_tokens, reference))
+    del previous
+    logger.info("forgetting reference for %s sampled from %s in %.1f s", ", ".join(s[0] for s in sets),
+                previous_dir, time.time() - t0)
+    return ForgettingCallback(pending_logs, sets, cfg.eval.every_steps, system_prompt=cfg.reward.system_prompt,
+                              batch_size=cfg.eval.batch_size)

@@ -40,3 +40,13 @@ class HeldOutEvalCallback(TrainerCallback):
             f"{prefix}/seconds": time.perf_counter() - started,
         })
         return control
+
+
+def held_out_callback(cfg, pending_logs: dict) -> HeldOutEvalCallback:
+    """The `eval.every_steps` callback of a stage: the first eval.every_limit problems of its validation split (a
+    curve to choose settings by, so never the test split), scored at the stage's completion length."""
+    from grpo_exp.evaluation.run import validation_subset
+
+    return HeldOutEvalCallback(pending_logs, cfg.stage.name, validation_subset(cfg, cfg.stage), cfg.eval.every_steps,
+                               system_prompt=cfg.reward.system_prompt,
+                               max_new_tokens=cfg.train.max_completion_length, batch_size=cfg.eval.batch_size)

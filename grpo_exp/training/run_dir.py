@@ -1,24 +1,29 @@
-"""Guards on a run directory: one run at a time (an advisory lock), and a resume that trains what the
-run was started with (its training settings, and what each `auto` among them resolved to on that machine and
-grpo-exp version, are recorded at the first start and compared on resume)."""
+"""A stage's run directory from its opening to its metrics.json: one run at a time (an advisory lock), a resume
+that trains what the run was started with (its training settings, and what each `auto` among them resolved to on
+that machine and grpo-exp version, are recorded at the first start and compared on resume) from its last complete
+checkpoint, and the figures metrics.json records (written last: its status marks the stage done)."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from grpo_exp.base import log
+from grpo_exp.base import commit, dist, log, stop
+from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import write_json
+from grpo_exp.base.run_files import (CHECKPOINTS_DIR, COMPLETIONS_FILE, HISTORY_FILE, LOCK_FILE, METRICS_FILE,
+                                     MODEL_DIR, SETTINGS_FILE)
+from grpo_exp.training import checkpoints, ewc, lora
 
 logger = log.get_logger(__name__)
-LOCK_FILE = ".lock"
-SETTINGS_FILE = "training_settings.json"
 # May differ on resume: how the run is executed, logged, evaluated or checkpointed, not what it trains.
 FREE_ON_RESUME = ("cpu.", "logger.", "paths.", "eval.", "curriculum.eval_", "resume", "log_level", "task_name",
                   "completions_every", "train.save_steps", "train.save_total_limit", "train.logging_steps",
@@ -62,6 +67,144 @@ class RunLock:
             fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
+
+
+def claim(run_dir: Path) -> RunLock | None:
+    """Rank 0's lock on the run directory, held for all N processes of the run (the others would only find it
+    held by their own rank 0); its failure fails every rank with the same line. None on the other ranks."""
+    def take() -> RunLock:
+        ensure_writable(run_dir)
+        return RunLock(run_dir).acquire()  # a second run on this directory fails here, naming this one's PID
+
+    return dist.on_main(take, share=False)
+
+
+def ensure_writable(run_dir: Path) -> None:
+    """Fail with one line now rather than after an hour of training."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"cannot write to the output directory {run_dir}: {err.strerror or err}; "
+                          f"choose another with hydra.run.dir=<dir>") from None
+
+
+def open_run_dir(cfg: Any, run_dir: Path, plan) -> tuple[dict | None, Path | None]:
+    """Resume's repairs and checks, and the settings record (rank 0's to write): (metrics of a finished stage or
+    None, the checkpoint to resume from or None)."""
+    if cfg.resume:
+        for repaired in checkpoints.repair(run_dir):  # a kill may have cut a save short
+            logger.info(repaired)
+        finished = finished_metrics(run_dir)
+        if finished is not None:
+            logger.info("%s already finished stage %s; not retrained", run_dir, finished.get("stage"))
+            return finished, None
+    record_or_compare(cfg, run_dir, plan)  # resume=true trains what the run was started with, or says what differs
+    return None, _prepare_resume(run_dir) if cfg.resume else None
+
+
+def finished_metrics(run_dir: Path) -> dict | None:
+    """metrics.json of a completed stage whose model/ is in place, else None."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file() or not (Path(run_dir) / MODEL_DIR / "config.json").is_file():
+        return None
+    metrics = json.loads(path.read_text())
+    return metrics if metrics.get("status") == "completed" else None
+
+
+def _prepare_resume(run_dir: Path) -> Path | None:
+    """The last complete checkpoint, with run files cut back to it; None: nothing to resume, start fresh."""
+    ckpt_dir = run_dir / CHECKPOINTS_DIR
+    last = checkpoints.last_checkpoint(ckpt_dir)
+    step = 0 if last is None else checkpoints.checkpoint_step(last)
+    for name in (HISTORY_FILE, COMPLETIONS_FILE):
+        checkpoints.truncate_jsonl(run_dir / name, step)
+    if last is None:
+        logger.info("no complete checkpoint in %s; starting this stage from the beginning", ckpt_dir)
+    else:
+        logger.info("resuming from %s (step %s)", last, step)
+    return last
+
+
+def checkpoint_note(run_dir: Path, written: Path | None) -> str:
+    """What a stop leaves to resume from, for its log line."""
+    last = checkpoints.last_checkpoint(run_dir / CHECKPOINTS_DIR)
+    if last is None:
+        return "no checkpoint (no step had finished): a resumed run starts from the beginning"
+    if written is not None:
+        return f"{last.name} written (a step had finished since the last checkpoint)"
+    return f"the last checkpoint is {last.name}"
+
+
+def stop_in_setup(run_dir: Path) -> None:
+    """A stop asked for while the stage was set up (the model loaded, the trainer built) ends it before it trains."""
+    try:
+        stop.check("setup")
+    except stop.Stopped as err:
+        logger.warning("%s, before training started; %s; continue with resume=true hydra.run.dir=%s", err,
+                       checkpoint_note(run_dir, None), run_dir)
+        raise
+
+
+def end_stopped(run_dir: Path, trainer, metrics: dict, abandoned: stop.Stopped | None) -> None:
+    """End a stopped stage: a checkpoint only if a step finished since the last one (a step abandoned half-way is
+    never saved), `metrics` (status `interrupted`) in metrics.json, one line saying what to resume from; then
+    Stopped is raised (exit 128 + signal, status.json `stopped`). model/ is not written: resuming needs only the
+    checkpoint, and a stopped run's weights are no model to use (the web app's playground, the next stage of a
+    curriculum and grpo_exp.evaluate read model/ of finished runs)."""
+    step = trainer.state.global_step
+    # data-parallel runs stop only at a step's end, where HF saved that step on every rank already
+    written = trainer.step_end.save_on_stop() if not dist.is_distributed() else None
+    if dist.is_main():
+        write_metrics(run_dir, metrics)
+    signum = stop.requested()
+    err = abandoned or stop.Stopped(signum, f"the end of step {step}")
+    where = (f"during {abandoned.where} in step {step + 1} (abandoned)" if abandoned is not None
+             else f"at the end of step {step}")
+    name = signal.Signals(signum).name if signum else "a signal"
+    logger.warning("stopped by %s %s; %s; continue with resume=true hydra.run.dir=%s", name, where,
+                   checkpoint_note(run_dir, written), run_dir)
+    raise err
+
+
+def stage_metrics(cfg: Any, parts, trainer, monitor, *, started: float, threads: dict, resume_from: Path | None,
+                  status: str) -> dict:
+    """metrics.json's figures of the stage as trained so far (`parts`: training/stage.StageParts)."""
+    import torch
+
+    init = parts.init
+    policy = trainer.model
+    metrics = {
+        "status": status,
+        "model": cfg.model.name,
+        "stage": cfg.stage.name,
+        "reward_set": cfg.reward.name,
+        "init_from": str(init[0]) if init else None,
+        "resumed_from": str(resume_from) if resume_from else None,
+        **monitor.summary([f.__name__ for f in parts.reward_funcs]),
+        "wall_time_s": time.time() - started,
+        **{f"cpu_{k}": v for k, v in threads.items()},
+        "precision": resolve_precision(cfg.train.precision),
+        "torch_version": torch.__version__,
+        "git_commit": commit.AT_START,
+        "ewc_lambda": cfg.ewc["lambda"],
+        "ewc_from": ewc.source(init, parts.ewc_state),
+        "skipped_steps": trainer.skipped_steps,
+        "peft": cfg.peft.name,
+        "processes": dist.world_size(),
+    }
+    if lora.is_peft(policy):
+        metrics.update({**lora.parameter_counts(policy), "lora_r": cfg.peft.r, "lora_alpha": cfg.peft.alpha,
+                        "adapter_from": str(parts.adapter_from) if parts.adapter_from else None})
+    if parts.penalty is not None:
+        metrics["ewc_weighted_distance"] = parts.penalty.weighted_distance(policy)
+    return metrics
+
+
+def write_metrics(run_dir: Path, metrics: dict) -> None:
+    write_json(Path(run_dir) / METRICS_FILE, metrics)
 
 
 # the record's key holding what `<key>=auto` (or any other value) resolved to, e.g. resolved.train.precision

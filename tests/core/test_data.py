@@ -424,7 +424,7 @@ def test_held_out_sets_are_one_fixed_partition_whatever_the_training_seed(tmp_pa
     """stage.split_seed draws the bands: every training seed scores the same validation and test problems, and
     no seed trains on a computation held out; another split seed is another partition; old records (no
     split_seed) keep the partition of their training seed."""
-    from grpo_exp.evaluation.run import split_seed, stage_split
+    from grpo_exp.core.data import split_seed, stage_split
     from tests.conftest import compose_cfg
 
     for level in ("basic", "intermediate"):

@@ -10,7 +10,8 @@ import torch
 
 from grpo_exp.core import models
 from grpo_exp.evaluation.generate import EVAL_PRECISION, evaluate, fp32_decoding
-from grpo_exp.evaluation.run import set_settings, stage_split
+from grpo_exp.core.data import stage_split
+from grpo_exp.evaluation.run import set_settings
 from tests.conftest import compose_cfg
 
 logger = logging.getLogger(__name__)

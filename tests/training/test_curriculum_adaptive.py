@@ -336,8 +336,7 @@ def test_the_report_reads_the_adaptive_row(tmp_path):
 def test_the_comparison_experiment_gives_both_curricula_the_same_budget_and_problems(tmp_path):
     from omegaconf import OmegaConf
 
-    from grpo_exp.training.curriculum.adaptive import adaptive_config
-    from grpo_exp.training.curriculum.overrides import compose_stage, stage_overrides
+    from grpo_exp.training.curriculum.adaptive import adaptive_config, stage_configs
     from tests.conftest import CONF_DIR
 
     params = OmegaConf.load(CONF_DIR / "experiment" / "adaptive_vs_progressive.yaml").hydra.sweeper.params
@@ -350,9 +349,8 @@ def test_the_comparison_experiment_gives_both_curricula_the_same_budget_and_prob
     assert jobs["adaptive"].curriculum.eval_limit == jobs["progressive"].curriculum.eval_limit == 200
     # what each job trains: progressive's stages, and the adaptive run composed as run_adaptive composes it
     user = ["experiment=adaptive_vs_progressive", "curriculum=adaptive"]
-    stage_cfgs = [compose_stage(stage_overrides(user, s, tmp_path / s, None))
-                  for s in jobs["adaptive"].curriculum.stages]
-    run = adaptive_config(jobs["adaptive"], user, stage_cfgs, tmp_path / "adaptive")
+    stage_cfgs = stage_configs(jobs["adaptive"], user, list(jobs["adaptive"].curriculum.stages), tmp_path / "adaptive")
+    run = adaptive_config(jobs["adaptive"], stage_cfgs)
     validate(run)
     assert run.train.max_steps == sum(c.train.max_steps for c in stage_cfgs) == 90
     assert run.train.max_completion_length == max(c.train.max_completion_length for c in stage_cfgs) == 64

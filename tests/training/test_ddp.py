@@ -166,14 +166,15 @@ def test_the_fisher_of_two_processes_is_the_one_process_estimate(two_trl, one, t
     the one a single process computes on the same model (rank 0's model/), and the one-process run's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_exp.training.stage import consolidate_fisher, stage_examples
+    from grpo_exp.core.data import stage_split
+    from grpo_exp.training.ewc import consolidate_fisher
 
     run_dir, _, _ = two_trl
     got = load_file(str(run_dir / "fisher.safetensors"))
     cfg = compose_cfg([*ONE], tmp_path)
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
-    consolidate_fisher(cfg, model, tokenizer, stage_examples(cfg, "train"), None, tmp_path)
+    consolidate_fisher(cfg, model, tokenizer, stage_split(cfg.stage, "train", cfg.train.seed), None, tmp_path)
     want = load_file(str(tmp_path / "fisher.safetensors"))
     single_run = load_file(str(one[0] / "fisher.safetensors"))
     assert got.keys() == want.keys() == single_run.keys()

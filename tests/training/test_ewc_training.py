@@ -16,7 +16,7 @@ from grpo_exp.core import rewards
 from grpo_exp.evaluation.stats import mcnemar_exact_p
 from grpo_exp.evaluation.continual import format_gains, stage_gains, transfer_metrics
 from grpo_exp.training.curriculum.sequential import run_curriculum
-from grpo_exp.training.stage import StageParts, train
+from grpo_exp.training.stage import StageParts, check_init_from, train
 from grpo_exp.training.trainer import build_trainer
 from tests.conftest import compose_cfg
 
@@ -90,7 +90,8 @@ def test_init_from_without_ewc_state_is_refused(tmp_path):
     assert not (tmp_path / "a" / "fisher.safetensors").exists()
     cfg = compose_cfg([*FAST, "ewc.lambda=1", f"init_from={tmp_path / 'a'}"], tmp_path / "b")
     with pytest.raises(ConfigError, match="fisher.safetensors"):
-        train(cfg)
+        check_init_from(cfg)  # the entrypoint's pre-check, before any model loads
+    assert not (tmp_path / "b").exists()
     with pytest.raises(ConfigError, match="holds no model"):
         train(compose_cfg([*FAST, f"init_from={tmp_path}"], tmp_path / "c"))
 
@@ -101,7 +102,8 @@ def test_init_from_without_ewc_state_gets_its_fisher_estimated(tmp_path, test_re
     with its own recorded stage and settings, equal to what ewc.lambda>0 would have saved at its end."""
     from omegaconf import OmegaConf
 
-    from grpo_exp.training.stage import consolidate_fisher, stage_examples, starting_fisher
+    from grpo_exp.core.data import stage_split
+    from grpo_exp.training.ewc import consolidate_fisher, starting_fisher
 
     first = compose_cfg([*FAST, *test_rewards.SPREAD_REWARD, "train.max_steps=1", "train.temperature=0.7"],
                         tmp_path / "a")
@@ -113,7 +115,8 @@ def test_init_from_without_ewc_state_gets_its_fisher_estimated(tmp_path, test_re
 
     model, tokenizer = models.load(first.model, first.paths.cache_dir, seed=0, init_from=tmp_path / "a" / "model")
     estimated = starting_fisher(compose_cfg(later, tmp_path / "direct"), model, tokenizer, tmp_path / "a")
-    at_the_end, _ = consolidate_fisher(first, model, tokenizer, stage_examples(first, "train"), None, tmp_path / "end")
+    examples = stage_split(first.stage, "train", first.train.seed)
+    at_the_end, _ = consolidate_fisher(first, model, tokenizer, examples, None, tmp_path / "end")
     assert estimated.stages == ["basic"] and estimated.fisher.keys() == at_the_end.fisher.keys()
     for name in estimated.fisher:
         torch.testing.assert_close(estimated.fisher[name], at_the_end.fisher[name])

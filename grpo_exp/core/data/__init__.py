@@ -1,4 +1,5 @@
-"""Datasets: the one place that turns a dataset name into problems and prompt datasets."""
+"""Datasets: the one place that turns a dataset name (or a stage node, splits.py) into problems and prompt
+datasets."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from .generators import (LEVELS, SPLITS, TEST_FRACTION, VALIDATION_FRACTION, ban
                          generate_split, sample_stream, split_of)
 from .gsm8k import DataFileError
 from .prompts import DEFAULT_SYSTEM_PROMPT, to_messages
+from .splits import split_seed, stage_split
 
 if TYPE_CHECKING:
     import datasets
@@ -20,7 +22,7 @@ DATASETS = (*LEVELS, "gsm8k")
 __all__ = [
     "DATASETS", "DEFAULT_SYSTEM_PROMPT", "DataFileError", "LEVELS", "SPLITS", "TEST_FRACTION",
     "VALIDATION_FRACTION", "band", "build_examples", "canonical", "generate", "generate_split", "split_of",
-    "to_dataset", "to_messages",
+    "split_seed", "stage_split", "to_dataset", "to_messages",
 ]
 
 

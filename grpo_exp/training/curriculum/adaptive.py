@@ -11,6 +11,7 @@ the base model and the mean mix the run trained on."""
 
 from __future__ import annotations
 
+import copy
 import statistics
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from grpo_exp.evaluation.continual import format_gains, paired_gain
 from grpo_exp.training.curriculum.overrides import compose_stage, stage_overrides
 from grpo_exp.training.curriculum import record
 from grpo_exp.training.curriculum.record import RECORD_FILE, earlier_result, format_table, new_result, score_base
-from grpo_exp.training.stage import finished_metrics, train
+from grpo_exp.training.run_dir import finished_metrics
+from grpo_exp.training.stage import train
 
 logger = log.get_logger(__name__)
 
@@ -29,12 +31,17 @@ RUN_DIR = "adaptive"  # the training run's subdirectory
 ROW = "adaptive"  # its row of the accuracy matrix
 
 
-def adaptive_config(cfg, user_overrides: list[str], stage_cfgs: list, out_dir: Path):
-    """The training run's config: composed as a curriculum stage is (the first stage's recipe), with the adaptive
-    curriculum's settings, the summed steps and the longest completion length."""
-    run_cfg = compose_stage(stage_overrides(user_overrides, stage_cfgs[0].stage.name, out_dir,
-                                            cfg.init_from and str(cfg.init_from), bool(cfg.resume),
-                                            push=bool(cfg.get("push_to_hub"))))
+def stage_configs(cfg, user_overrides: list[str], stages: list[str], out_dir: Path) -> list:
+    """Each stage composed once, as a curriculum stage is, with the training run's directory, start model, resume and
+    hub push: its training set, held-out set and settings, and (the first) the recipe the run trains with."""
+    return [compose_stage(stage_overrides(user_overrides, s, out_dir, cfg.init_from and str(cfg.init_from),
+                                          bool(cfg.resume), push=bool(cfg.get("push_to_hub")))) for s in stages]
+
+
+def adaptive_config(cfg, stage_cfgs: list):
+    """The training run's config: the first stage's (stage_configs), with the adaptive curriculum's settings, the
+    summed steps and the longest completion length."""
+    run_cfg = copy.deepcopy(stage_cfgs[0])
     run_cfg.curriculum = cfg.curriculum  # a stage's composition sets curriculum=none
     run_cfg.train.max_steps = sum(int(c.train.max_steps) for c in stage_cfgs)
     run_cfg.train.max_completion_length = max(int(c.train.max_completion_length) for c in stage_cfgs)
@@ -51,16 +58,14 @@ def mean_mix(history: Path, stages: list[str]) -> dict[str, float | None]:
 
 def run_adaptive(cfg, user_overrides: list[str]) -> dict:
     """Train the adaptive curriculum in <run dir>/adaptive and write curriculum.json."""
-    validate(cfg)
-    root = Path(cfg.paths.output_dir)
+    root = Path(cfg.paths.output_dir)  # cfg was checked by the entrypoint
     stages = list(dict.fromkeys(cfg.curriculum.stages))
-    # each stage as the sequential curriculum composes it: its training set, held-out set and settings
-    stage_cfgs = [compose_stage(stage_overrides(user_overrides, s, root / s, None)) for s in stages]
+    out_dir = root / RUN_DIR
+    stage_cfgs = stage_configs(cfg, user_overrides, stages, out_dir)
     for stage_cfg in stage_cfgs:
         validate(stage_cfg)
-    out_dir = root / RUN_DIR
-    run_cfg = adaptive_config(cfg, user_overrides, stage_cfgs, out_dir)
-    validate(run_cfg)
+    run_cfg = adaptive_config(cfg, stage_cfgs)
+    validate(run_cfg)  # the summed budget and the adaptive settings, as the run trains them
     cpu.apply(cfg.cpu)  # before the base evaluation: oversubscribed threads spin and crawl
 
     result = {**new_result(cfg, stages), "row_labels": [ROW], "band": list(cfg.curriculum.band)}

@@ -1,9 +1,10 @@
 """A curriculum stage's config: the command line's overrides, less the ones the curriculum sets per stage, plus
 the stage, its directory, the model it continues, the earlier stages it tracks and replays; composed as
-`python -m grpo_exp.train <overrides>` would compose it."""
+`python -m grpo_exp.train <overrides>` would compose it, once per stage, and checked before the first one trains."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from grpo_exp.base.errors import ConfigError
@@ -51,3 +52,18 @@ def compose_stage(overrides: list[str]):
     from grpo_exp.config.compose import compose
 
     return compose("train", overrides)
+
+
+def check_stages(stage_cfgs: list, root: Path) -> None:
+    """Every stage's config (config/checks.validate), before the first one trains. A later stage continues the one
+    before it, whose directory holds nothing until that one has trained: it is checked with the curriculum's own
+    directory in its place, which exists and whose recorded config (.hydra/) continues the same init_from chain."""
+    from grpo_exp.config.checks import validate
+
+    Path(root).mkdir(parents=True, exist_ok=True)  # the curriculum's files go there (a Hydra job has made it)
+    for stage_cfg in stage_cfgs:
+        init_from = stage_cfg.get("init_from")
+        if init_from and not Path(init_from).exists() and Path(init_from).parent == Path(root):
+            stage_cfg = copy.deepcopy(stage_cfg)
+            stage_cfg.init_from = str(root)
+        validate(stage_cfg)

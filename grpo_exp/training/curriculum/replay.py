@@ -56,7 +56,7 @@ def stage_nodes(cfg, names: list[str], given: dict[str, Any] | None) -> dict[str
 
 def training_sets(cfg, nodes: dict[str, Any]) -> dict[str, list[dict]]:
     """Each stage's training set, drawn with the run's data seed (train.seed), as that stage's own run drew it."""
-    from grpo_exp.evaluation.run import stage_split
+    from grpo_exp.core.data import stage_split
 
     return {name: stage_split(node, "train", cfg.train.seed) for name, node in nodes.items()}
 

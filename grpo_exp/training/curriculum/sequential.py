@@ -18,12 +18,12 @@ from pathlib import Path
 
 from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.io import write_json
-from grpo_exp.config.checks import validate
 from grpo_exp.evaluation.continual import format_gains, stage_gains, transfer_metrics
 from grpo_exp.training.curriculum import branch, record
-from grpo_exp.training.curriculum.overrides import compose_stage, stage_overrides
+from grpo_exp.training.curriculum.overrides import check_stages, compose_stage, stage_overrides
 from grpo_exp.training.curriculum.record import RECORD_FILE, earlier_result, fmt, format_table, new_result, score_base
-from grpo_exp.training.stage import finished_metrics, train
+from grpo_exp.training.run_dir import finished_metrics
+from grpo_exp.training.stage import train
 
 logger = log.get_logger(__name__)
 
@@ -41,27 +41,27 @@ def _warn_short_completions(stage_cfg, earlier: list[str], earlier_cfgs: list) -
 
 def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     """Train every stage of cfg.curriculum.stages in its own subdirectory and write curriculum.json (the adaptive
-    curriculum, curriculum.mode=adaptive, is adaptive.run_adaptive; the package's run() picks)."""
-    validate(cfg)
+    curriculum, curriculum.mode=adaptive, is adaptive.run_adaptive; the package's run() picks).
+
+    `cfg` was checked by the entrypoint (its init_from too, which the first stage continues with the same ewc and
+    peft settings; each later stage continues the stage before it, trained or branched with them). Each stage is
+    composed once, as it trains, and checked before the first one trains (check_stages)."""
     root = Path(cfg.paths.output_dir)
     stages = list(cfg.curriculum.stages)
     limit, batch = cfg.curriculum.eval_limit, cfg.curriculum.eval_batch_size
-    stage_cfgs = [compose_stage(stage_overrides(user_overrides, s, branch.stage_dir(root, i, s), None))
-                  for i, s in enumerate(stages)]
-    for stage_cfg in stage_cfgs:
-        validate(stage_cfg)  # every stage's settings are checked before the first one trains
+    stage_cfgs = [_stage_config(cfg, user_overrides, stages, i, root) for i in range(len(stages))]
+    check_stages(stage_cfgs, root)
     cpu.apply(cfg.cpu)  # before the base evaluation: oversubscribed threads spin and crawl
 
     result = new_result(cfg, stages)
     result["replay"] = cfg.curriculum.replay
     earlier = earlier_result(root, stages) if cfg.resume else None
     if cfg.curriculum.branch_from and earlier is None:
-        earlier = _branch(cfg, user_overrides, root, stages, result)
+        earlier = _branch(cfg, stage_cfgs, root, stages, result)
     if earlier and earlier.get("branched_from"):
         result["branched_from"] = earlier["branched_from"]
     main = dist.is_main()
     score_base(cfg, stage_cfgs, earlier, result)
-    previous = cfg.init_from
     step_offset = 0
     for i, stage in enumerate(stages):
         out_dir = branch.stage_dir(root, i, stage)
@@ -73,9 +73,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
             result["correct"]["rows"].append(kept_bits[i])
             result["stage_metrics"].append(done)
             step_offset += done["steps"]
-            previous = str(out_dir)
             continue
-        stage_cfg = _stage_config(cfg, user_overrides, stages, i, root, previous)
+        stage_cfg = stage_cfgs[i]
         replayed = list(stage_cfg.curriculum.replay_from)  # the earlier stages _stage_config gave it to replay
         pools = {s: c.stage for s, c in zip(stages[:i], stage_cfgs[:i])} if replayed else None
         if replayed:
@@ -83,7 +82,6 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         logger.info("curriculum stage %d/%d: %s -> %s", i + 1, len(stages), stage, out_dir)
         metrics = train(stage_cfg, step_offset=step_offset, pools=pools)
         step_offset += metrics["steps"]
-        previous = str(out_dir)
         if not main:
             continue
         # every stage, the later ones too: the next stage's accuracy before it trains is its gain's baseline
@@ -114,8 +112,10 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     return result
 
 
-def _stage_config(cfg, user_overrides: list[str], stages: list[str], i: int, root: Path, previous: str | None):
-    """Stage i's config as the curriculum trains it, from `previous` (the model it continues)."""
+def _stage_config(cfg, user_overrides: list[str], stages: list[str], i: int, root: Path):
+    """Stage i's config as the curriculum trains it, from the model it continues: init_from for the first stage,
+    the stage before it for the others."""
+    previous = str(branch.stage_dir(root, i - 1, stages[i - 1])) if i else cfg.init_from and str(cfg.init_from)
     # forgetting of every earlier stage, measured during this one (needs the periodic evaluation)
     tracked = stages[:i] if cfg.curriculum.track_forgetting and cfg.eval.every_steps else None
     push = bool(cfg.get("push_to_hub")) and i == len(stages) - 1
@@ -124,13 +124,12 @@ def _stage_config(cfg, user_overrides: list[str], stages: list[str], i: int, roo
                                          bool(cfg.resume), tracked, push, cfg.curriculum.replay, replayed))
 
 
-def _branch(cfg, user_overrides: list[str], root: Path, stages: list[str], result: dict) -> dict:
+def _branch(cfg, stage_cfgs: list, root: Path, stages: list[str], result: dict) -> dict:
     """curriculum.branch_from: the stages this run shares with that run, taken into root (rank 0; the others
     wait), as the curriculum.json a resume continues from."""
     def take() -> None:
         earlier, shared = branch.shared_stages(
-            cfg, root, stages, lambda i, previous: _stage_config(cfg, user_overrides, stages, i, root, previous),
-            finished_metrics)
+            cfg, root, stages, lambda i, previous: stage_cfgs[i], finished_metrics)
         branch.take_stages(earlier, shared, stages, Path(cfg.curriculum.branch_from), root, result)
 
     dist.on_main(take, share=False)

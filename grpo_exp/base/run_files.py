@@ -1,0 +1,24 @@
+"""The names of a run directory's files (docs/architecture.md, "The run directory"): the interface between
+training, evaluation, the report, the web app and the user, so each is spelled once, here."""
+
+from __future__ import annotations
+
+MODEL_DIR = "model"  # the trained model, an ordinary Hugging Face model directory
+CHECKPOINTS_DIR = "checkpoints"
+METRICS_FILE = "metrics.json"  # the stage's figures; its status "completed" marks the stage done for resume
+HISTORY_FILE = "history.jsonl"  # one line per step
+COMPLETIONS_FILE = "completions.jsonl"  # a sample of prompts, completions and rewards
+STATUS_FILE = "status.json"  # how the job ended (apps/task)
+ERROR_FILE = "error.txt"  # the traceback of a failed job
+EVAL_FILE = "eval.json"  # the trained model on eval.split
+EVAL_SAMPLES_FILE = "eval_samples.jsonl"  # every completion of that evaluation
+BEFORE_AFTER_FILE = "before_after.json"  # trained against starting model, paired
+BEFORE_AFTER_TABLE_FILE = "before_after.md"
+SETTINGS_FILE = "training_settings.json"  # the training settings a resume must match
+SPEED_PLAN_FILE = "speed_plan.json"  # the speed plan the run computed with
+LOCK_FILE = ".lock"  # the advisory lock of the process holding the directory
+FISHER_FILE = "fisher.safetensors"  # the EWC state: Fisher and anchor
+CURRICULUM_FILE = "curriculum.json"  # a curriculum's accuracy matrix and transfer metrics
+CURRICULUM_EVAL_FILE = "curriculum_eval.json"  # one curriculum stage's scores on every stage
+CURVES_FILE = "curves.png"
+PEFT_SETTINGS_FILE = "grpo_exp_peft.json"  # in adapter/: the peft.* settings and model the adapter was trained with
