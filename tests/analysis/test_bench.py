@@ -192,3 +192,26 @@ def test_a_failed_round_fails_the_variant(tmp_path):
     results = parent.run_rounds({"grpo-exp": {}}, tmp_path, 2, runner=runner)
     assert results["grpo-exp"]["status"] == "failed"
     assert [r["status"] for r in results["grpo-exp"]["rounds"]] == ["ok", "failed"]
+
+
+def test_the_floor_probe_is_its_best_reading_and_says_when_the_machine_moved():
+    def reading(fp32, bf16, read=40.0):
+        return {"gemm_gflops": {"fp32": fp32, "bf16": bf16}, "read_gb_s": read, "threads": 2, "seconds": 0.4}
+
+    steady = floor.probe_summary([reading(190, 430), reading(180, 420, 42.0), reading(185, 425)])
+    assert steady["best"]["gemm_gflops"] == {"fp32": 190, "bf16": 430} and steady["best"]["read_gb_s"] == 42.0
+    assert steady["readings"] == 3 and not steady["moved"] and floor.moved_line(steady) is None
+    assert steady["range"]["gemm_gflops_bf16"] == [420, 430]
+    # the readings a busy host gave in one hour (fp32 193/101, bf16 434/206): the bench says so
+    busy = floor.probe_summary([reading(193, 434), reading(101, 206), reading(172, 428)])
+    assert busy["moved"] and busy["spread"]["bf16"] == round((434 - 206) / 434, 3)
+    line = floor.moved_line(busy)
+    assert line.startswith("the machine's throughput moved during the bench: its bf16 GEMM peak read 206-434 GFLOP/s")
+
+
+def test_the_bench_probes_the_floor_after_every_child(tmp_path):
+    probes = []
+    variants = {"baseline": {}, "grpo-exp": {}}
+    parent.run_rounds(variants, tmp_path, 2, runner=lambda n, s, o, r: child_result(n, [1.0], 8.0, 500.0),
+                      after_child=lambda: probes.append(len(probes)))
+    assert probes == [0, 1, 2, 3]  # two variants, two rounds

@@ -1,7 +1,8 @@
 """The machine's floor: its GEMM peak (fp32, bf16) and memory read bandwidth, measured by the parent in a few
-seconds, and from them the least time one optimizer step of a variant could take (see the package
-docstring for the formula), with the variant's mean step as a multiple of it; and the machine's one-line
-description bench.json keeps."""
+seconds before, between and after the variants (the best reading is the machine's; their spread says whether it
+moved), and from them the least time one optimizer step of a variant could take (see the package docstring for the
+formula), with the variant's mean step as a multiple of it; and the machine's one-line description bench.json
+keeps."""
 
 from __future__ import annotations
 
@@ -30,6 +31,37 @@ def machine_limits(threads: int, size: int = 1536, reps: int = 3) -> dict:
         torch.set_num_threads(saved)
     return {"gemm_gflops": {k: round(v, 1) for k, v in peaks.items()}, "read_gb_s": round(read, 2),
             "threads": threads, "seconds": round(time.perf_counter() - t_start, 2)}
+
+
+# the spread of the probe's GEMM readings, (best - worst) / best, past which a bench says the machine's throughput
+# moved while it ran (another load, a throttled or shared host), so its ratios are not one machine's
+MOVED_SPREAD = 0.25
+
+
+def probe_summary(readings: list[dict]) -> dict:
+    """The floor probe's readings (before, between and after the variants) as one: the best of each figure (the
+    machine's own limit; a reading below it is the machine busy elsewhere), each figure's range, and whether the
+    GEMM peak moved by more than MOVED_SPREAD over the bench."""
+    peaks = {dtype: [r["gemm_gflops"][dtype] for r in readings] for dtype in ("fp32", "bf16")}
+    reads = [r["read_gb_s"] for r in readings]
+    spread = {dtype: round((max(v) - min(v)) / max(v), 3) if max(v) > 0 else 0.0 for dtype, v in peaks.items()}
+    best = {"gemm_gflops": {dtype: max(v) for dtype, v in peaks.items()}, "read_gb_s": max(reads),
+            "threads": readings[0]["threads"], "seconds": round(sum(r["seconds"] for r in readings), 2)}
+    return {"best": best, "readings": len(readings),
+            "range": {**{f"gemm_gflops_{d}": [min(v), max(v)] for d, v in peaks.items()},
+                      "read_gb_s": [min(reads), max(reads)]},
+            "spread": spread, "moved": max(spread.values()) > MOVED_SPREAD}
+
+
+def moved_line(summary: dict) -> str | None:
+    """One line for a bench whose machine moved, else None."""
+    if not summary.get("moved"):
+        return None
+    worst = max(summary["spread"], key=summary["spread"].get)
+    low, high = summary["range"][f"gemm_gflops_{worst}"]
+    return (f"the machine's throughput moved during the bench: its {worst} GEMM peak read {low:.0f}-{high:.0f} GFLOP/s "
+            f"over {summary['readings']} probes ({summary['spread'][worst]:.0%} apart); x floor is against the best "
+            f"reading, and the ratios may mix a busy and a quiet machine: run it again with --rounds 2 or more")
 
 
 def _best_time(fn, reps: int) -> float:

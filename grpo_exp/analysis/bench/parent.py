@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from grpo_exp.analysis import provenance
-from grpo_exp.analysis.bench.floor import machine_info, machine_limits, step_floor
+from grpo_exp.analysis.bench.floor import machine_info, machine_limits, moved_line, probe_summary, step_floor
 from grpo_exp.analysis.bench.tables import PROFILE_PARTS, plot_rewards, ratios, round_ratios, sections
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -153,10 +153,8 @@ def run(args) -> int:
         for baseline in dict.fromkeys(args.baseline or ["fp32"]):
             variants[BASELINE_NAMES[baseline]] = {**base_spec, "kind": "trl", "overrides": [],
                                                   "trl_defaults": baseline == "trl-defaults"}
-    limits = machine_limits(args.threads)
-    print(f"[bench] machine: GEMM peak fp32 {limits['gemm_gflops']['fp32']:.0f} GFLOP/s, bf16 "
-          f"{limits['gemm_gflops']['bf16']:.0f} GFLOP/s; memory read {limits['read_gb_s']:.1f} GB/s "
-          f"({args.threads} threads, {limits['seconds']:.1f} s)", flush=True)
+    readings = [machine_limits(args.threads)]
+    print(f"[bench] machine: {_limits_text(readings[0], args.threads)}", flush=True)
     overrides, env = split_env(list(args.override))
     variants["grpo-exp"] = {**base_spec, "kind": "grpo-exp", "overrides": overrides, "env": env}
     for text in args.candidate:
@@ -168,7 +166,16 @@ def run(args) -> int:
             raise SystemExit(f"--candidate {name}: a kind=trl variant takes only env.* items, not {overrides}")
         variants[name] = {**base_spec, "kind": kind, "overrides": overrides, "env": env}
 
-    results = run_rounds(variants, out_dir, args.rounds)
+    # the probe again after every child and once more at the end: one 0.4 s reading is too noisy to carry a floor
+    results = run_rounds(variants, out_dir, args.rounds,
+                         after_child=lambda: readings.append(machine_limits(args.threads)))
+    readings.append(machine_limits(args.threads))
+    probe = probe_summary(readings)
+    limits = probe["best"]
+    print(f"[bench] machine, best of {len(readings)} probes: {_limits_text(limits, args.threads)}", flush=True)
+    moved = moved_line(probe)
+    if moved:
+        print(f"[bench] warning: {moved}", flush=True)
     for res in results.values():
         if res.get("status") == "ok":
             res["floor"] = step_floor(res, limits)
@@ -189,7 +196,8 @@ def run(args) -> int:
         "versions": provenance.versions(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out", "argv", "page", "machine")},
         "machine": machine_info(),
-        "machine_limits": limits,
+        "machine_limits": limits,  # the best probe reading, which every x floor is against
+        "floor_probe": {**probe, "all": readings},
         "variants": {n: {k: v for k, v in r.items() if k not in ("steps", "profile_steps")} for n, r in results.items()},
         "steps": {n: r.get("steps") for n, r in results.items()},
         "profile_steps": {n: r.get("profile_steps") for n, r in results.items() if r.get("profile_steps")},
@@ -208,9 +216,10 @@ def run(args) -> int:
 
     found = sections(report)
     md = ["# Benchmark: grpo-exp vs plain TRL GRPOTrainer\n", f"`{report['command']}`\n",
-          f"Machine: {report['machine']}; GEMM peak fp32 {limits['gemm_gflops']['fp32']:.0f} / bf16 "
-          f"{limits['gemm_gflops']['bf16']:.0f} GFLOP/s, memory read {limits['read_gb_s']:.1f} GB/s "
-          f"({args.threads} threads)\n"]
+          f"Machine: {report['machine']}; best of {len(readings)} floor probes: "
+          f"{_limits_text(limits, args.threads)}; their spread: fp32 {probe['spread']['fp32']:.0%}, bf16 {probe['spread']['bf16']:.0%}\n"]
+    if moved:
+        md.append(f"**Warning:** {moved}.\n")
     for section in found:  # the main table first, under the header; the others under their titles
         md += ([] if section.name == "bench" else [f"## {section.title}\n"]) + [section.markdown, ""]
         print("\n" + section.markdown)
@@ -222,6 +231,11 @@ def run(args) -> int:
         written = write_page(out_dir, args.page, args.machine, tool="grpo-bench", shown_dir=shown(out_dir))
         print(f"[bench] results page: {written}")
     return 0 if all(r.get("status") == "ok" for r in results.values()) else 1
+
+
+def _limits_text(limits: dict, threads: int) -> str:
+    return (f"GEMM peak fp32 {limits['gemm_gflops']['fp32']:.0f} / bf16 {limits['gemm_gflops']['bf16']:.0f} GFLOP/s, "
+            f"memory read {limits['read_gb_s']:.1f} GB/s ({threads} threads)")
 
 
 def shown(path: Path) -> str:
@@ -239,12 +253,14 @@ def round_orders(names: list[str], rounds: int) -> list[list[str]]:
     return [names if r % 2 == 0 else names[::-1] for r in range(rounds)]
 
 
-def run_rounds(variants: dict, out_dir: Path, rounds: int, runner=None) -> dict:
+def run_rounds(variants: dict, out_dir: Path, rounds: int, runner=None, after_child=None) -> dict:
     """Every variant's result, over `rounds` rounds of one child each (merge_rounds), in round_orders' order;
-    `runner` runs one child (run_child)."""
+    `runner` runs one child (run_child), `after_child()` runs after each (the floor probe)."""
     runner = runner or run_child
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     for r, names in enumerate(round_orders(list(variants), rounds), start=1):
         for name in names:
             runs[name].append(runner(name, variants[name], out_dir, r if rounds > 1 else None))
+            if after_child is not None:
+                after_child()
     return {name: merge_rounds(found) for name, found in runs.items()}

@@ -206,9 +206,14 @@ def sections(report: dict) -> list[Section]:
                              "each part raised the child's peak RSS by over its whole run ((peak): the part in which "
                              "the run's peak was reached).", profile))
     if report.get("machine_limits"):
+        probe = report.get("floor_probe")
+        measured = (f"the best of {probe['readings']} probes of the GEMM peak and memory bandwidth, taken before, "
+                    f"between and after the variants (their spread: fp32 {probe['spread']['fp32']:.0%}, bf16 "
+                    f"{probe['spread']['bf16']:.0%}{'; the machine moved during the bench' if probe['moved'] else ''})"
+                    if probe else "the measured GEMM peak and memory bandwidth")
         found.append(Section("floor", "The machine's floor",
                              "The least time one optimizer step could take on this machine: scoring forward and "
-                             "backward, prefill and decoding at the measured GEMM peak and memory bandwidth "
+                             f"backward, prefill and decoding at {measured} "
                              "(docs/performance.md, \"The bench and the floor\"). Attention, norms and the optimizer "
                              "are left out, so it is a lower bound.",
                              floor_table(results, report["machine_limits"])))
