@@ -45,7 +45,7 @@ def test_splits_share_no_computation(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["stage=basics", "split=test"], "unknown stage option 'basics'; valid choices: advanced, basic"),
+    (["stage=basics", "split=test"], "unknown stage option 'basics' (did you mean 'basic'?); valid choices: advanced, basic"),
     (["stage=basic", "split=dev"], "unknown split 'dev'; valid splits: train, validation, test"),
     (["stage=basic", "split=test", "limit=0"], "limit=0 must be a positive integer"),
     (["stage=basic"], "split= is missing"),

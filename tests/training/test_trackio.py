@@ -156,7 +156,7 @@ def test_trackio_that_cannot_start_leaves_training_untracked(tmp_path, trackio_e
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
-    (["logger=trackoi"], "unknown logger option 'trackoi'; valid choices: none, trackio, wandb"),
+    (["logger=trackoi"], "unknown logger option 'trackoi' (did you mean 'trackio'?); valid choices: none, trackio, wandb"),
     (["logger=trackio", "logger.mode=online"], "logger.mode='online' is not valid with logger=trackio"),
 ])
 def test_bad_logger_options_fail_in_one_line(tmp_path, args, needle):
