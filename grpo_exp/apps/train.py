@@ -46,9 +46,10 @@ def show_outputs(run_dir) -> None:
     run_dir = Path(run_dir)
     files = [name for name in ("model", "metrics.json", "before_after.md", "eval.json", "history.jsonl",
                                "completions.jsonl", "curves.png") if (run_dir / name).exists()]
+    # the make targets work from the checkout whatever is on the PATH, and install what the app needs on first use
     log.get_logger(__name__).info(
-        "run files in %s: %s. Look at them with: grpo-report %s (tables and plots), grpo-app --outputs %s "
-        "(web app)%s", run_dir, ", ".join(files), run_dir, run_dir.parent,
+        "run files in %s: %s. Look at them with: make report ARGS=%s (tables and plots; grpo-report in the "
+        "environment), make app ARGS='--outputs %s' (web app)%s", run_dir, ", ".join(files), run_dir, run_dir.parent,
         f"; curves: {curves}" if curves else "")
 
 
@@ -60,6 +61,7 @@ def check(cfg) -> None:
     # the config's own checks and the model's availability need no torch: a bad value fails in about a
     # second, not after the ~8 s that importing the training stack takes
     validate(cfg)
+    check_logger_installed(cfg.logger)
     check_available(cfg.model, cfg.paths.cache_dir)
     from grpo_exp.training import hub
 
@@ -72,6 +74,17 @@ def check(cfg) -> None:
     check_held_out(cfg)
     check_init_from(cfg)
     trl_args.check(cfg)  # TRL's own value checks (lr_scheduler_type, optim, ...) before the run directory exists
+
+
+def check_logger_installed(logger_cfg) -> None:
+    """logger=trackio without trackio installed would warn and train with nothing to show: one line instead."""
+    import importlib.util
+
+    from grpo_exp.base.errors import ConfigError
+
+    if logger_cfg.name == "trackio" and importlib.util.find_spec("trackio") is None:
+        raise ConfigError("logger=trackio needs the trackio package, which is not installed; make train "
+                          "ARGS=logger=trackio installs it on first use (or: pip install -e '.[trackio]')")
 
 
 def main() -> None:

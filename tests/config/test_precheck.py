@@ -161,3 +161,13 @@ def test_the_pre_check_writes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     check_overrides("train", ["model=tiny_random", "logger=none", f"hydra.run.dir={run_dir}"], check)
     assert not run_dir.exists() and not any(Path(tmp_path).iterdir())
+
+
+def test_trackio_without_its_package_is_one_line_naming_the_make_target(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trackio" else real(name, *a))
+    assert refusal(["model=tiny_random", "logger=trackio"]) == (
+        "logger=trackio needs the trackio package, which is not installed; make train ARGS=logger=trackio installs "
+        "it on first use (or: pip install -e '.[trackio]')")
