@@ -29,6 +29,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 _NEVER_TRIM = 2**31 - 1
 # whether this process runs with retain's settings (a sweep runs several jobs in one process)
 _retained = False
+_applied: dict = {}  # what the last apply() set
 
 
 def resolve_threads(threads: Any) -> int:
@@ -83,25 +84,27 @@ def native_dtype():
     return torch.bfloat16 if resolve_precision("auto") == "bf16" else torch.float32
 
 
-def prepare_env(cpu_cfg) -> None:
+def prepare_env(cpu_cfg) -> int:
     """Environment that OpenMP and MKL read once, when torch loads: call it before `import torch`.
 
     cpu.omp_wait_policy "default" leaves OpenMP's own choice (libgomp: spin briefly, then sleep);
     "passive" sleeps at once (for cores shared with other jobs); "active" always spins. Child
     processes (dataloaders, accelerate) inherit the environment too. In a process where torch is
-    already loaded, a changed wait policy cannot take effect, so a warning says so instead."""
+    already loaded, a changed wait policy cannot take effect, so a warning says so instead. Returns this process's
+    threads (process_threads)."""
     threads = process_threads(cpu_cfg.threads)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
     wanted = resolve_wait_policy(cpu_cfg.get("omp_wait_policy", "default"))
     if wanted is None:
-        return
+        return threads
     if "torch" in sys.modules and os.environ.get("OMP_WAIT_POLICY", "").upper() != wanted:
         warnings.warn(f"cpu.omp_wait_policy={wanted.lower()} not applied: torch is already loaded in this process "
                       f"(OpenMP read OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')!r}); "
                       f"set OMP_WAIT_POLICY={wanted} in the environment instead", stacklevel=2)
-        return
+        return threads
     os.environ["OMP_WAIT_POLICY"] = wanted
+    return threads
 
 
 def resolve_malloc(policy: Any) -> str:
@@ -162,20 +165,27 @@ def apply_malloc(policy: Any) -> str:
 
 def apply(cpu_cfg) -> dict:
     """Set intra-op/inter-op threads and the malloc policy; returns what was applied (recorded in
-    metrics.json)."""
-    prepare_env(cpu_cfg)
+    metrics.json), which `applied()` gives to later readers (the run's logger names its threads)."""
+    global _applied
+    threads = prepare_env(cpu_cfg)  # cpu.threads resolved once, here
     malloc = apply_malloc(cpu_cfg.get("malloc", "auto"))
     import torch
 
-    torch.set_num_threads(process_threads(cpu_cfg.threads))
+    torch.set_num_threads(threads)
     try:
         torch.set_num_interop_threads(int(cpu_cfg.interop_threads))
     except RuntimeError:
         # Only settable before the first parallel region; a second stage in the same process keeps it.
         pass
-    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-            # as OpenMP read it when torch loaded (unset: OpenMP's default)
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "malloc": malloc}
+    _applied = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+                # as OpenMP read it when torch loaded (unset: OpenMP's default)
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "malloc": malloc}
+    return dict(_applied)
+
+
+def applied() -> dict:
+    """What the last `apply` in this process set (empty before one): cpu.threads as resolved, for its readers."""
+    return dict(_applied)
 
 
 def compiler_missing() -> str | None:
