@@ -67,6 +67,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{key.replace('_', '-')} must be >= 1")
     if args.warmup < 0 or args.num_generations < 2 or args.reward_curve_steps < 0:
         p.error("--warmup must be >= 0, --num-generations >= 2, --reward-curve-steps >= 0")
+    if "/" not in args.model and not Path(args.model).expanduser().is_dir():
+        from grpo_exp.base.text import did_you_mean
+        from grpo_exp.config.options import group_options
+
+        options = group_options("model")
+        if args.model not in options:  # before any variant starts (each would fail alike, after seconds)
+            p.error(f"--model {args.model} is not a conf/model option{did_you_mean(args.model, options)}, a model "
+                    f"directory or a hub id (org/name); options: {', '.join(options)}")
     return args
 
 

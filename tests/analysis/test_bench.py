@@ -215,3 +215,17 @@ def test_the_bench_probes_the_floor_after_every_child(tmp_path):
     parent.run_rounds(variants, tmp_path, 2, runner=lambda n, s, o, r: child_result(n, [1.0], 8.0, 500.0),
                       after_child=lambda: probes.append(len(probes)))
     assert probes == [0, 1, 2, 3]  # two variants, two rounds
+
+
+def test_an_unknown_bench_model_is_one_line_before_anything_runs(tmp_path, capsys):
+    from grpo_exp.apps.bench import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--model", "smolm2_135m", "--out", str(tmp_path / "bench")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("grpo-bench: error: --model smolm2_135m is not a conf/model option (did you mean "
+                          "'smollm2_135m'?)")
+    assert not (tmp_path / "bench").exists()
+    assert parse_args(["--model", "tiny_random"]).model == "tiny_random"
+    assert parse_args(["--model", "org/name"]).model == "org/name"  # a hub id, checked when its variant loads it
