@@ -284,7 +284,7 @@ def test_a_second_signal_exits_at_once_and_resume_repairs_what_it_cut_short(tmp_
 # --------------------------------------------------------------------------------------------- default model
 
 
-@pytest.mark.slow
+@pytest.mark.long  # minutes of SmolLM2-135M on two cores: make test-long (the tiny model's stops stay in make test)
 def test_the_default_model_stops_during_compilation_and_resumes(tmp_path):
     """SmolLM2-135M compiling its decoding step from a cold cache (half a minute or more on two cores)."""
     _compiler_or_skip()
@@ -303,7 +303,7 @@ def test_the_default_model_stops_during_compilation_and_resumes(tmp_path):
     assert _steps(run.run_dir) == [1] and _checkpoint_names(run.run_dir) == ["checkpoint-1"]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_default_model_stops_during_evaluation_then_during_generation(tmp_path):
     """The held-out evaluation after step 1 is stopped (step 1 saved); the resumed run, stopped in step 2's rollout,
     keeps checkpoint-1 as it is."""
