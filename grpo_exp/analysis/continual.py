@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_exp.base.run_files import STATUS_FILE
 from grpo_exp.analysis.seed_summary import DEFAULTS
 from grpo_exp.evaluation import seed_stats
 from grpo_exp.evaluation.continual import paired_gain, stage_pair
@@ -69,7 +70,7 @@ def method_label(cur: dict, variant: str) -> str:
 
 def _job_minutes(job: dict) -> float | None:
     """The whole job's wall time (status.json, written by the task wrapper), evaluations included."""
-    path = Path(job["row"]["dir"]) / "status.json"
+    path = Path(job["row"]["dir"]) / STATUS_FILE
     try:
         duration = json.loads(path.read_text()).get("duration_s")
     except (OSError, ValueError):

@@ -22,11 +22,12 @@ from grpo_exp.base import log
 logger = log.get_logger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
+from grpo_exp.base.run_files import METRICS_FILE, SETTINGS_FILE, STATUS_FILE
 MACHINES = Path("docs") / "machines.md"
 CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # native bf16 matmuls: what makes bf16 training fast on a CPU
 LIBRARIES = ("torch", "transformers", "trl")
 # files a run might record the commit of its code in, and the keys it would use
-COMMIT_FILES = ("metrics.json", "status.json", "training_settings.json")
+COMMIT_FILES = (METRICS_FILE, STATUS_FILE, SETTINGS_FILE)
 COMMIT_KEYS = ("git_commit", "commit")
 
 
@@ -115,7 +116,7 @@ def run_commits(job_dirs: list[Path]) -> list[str]:
     found = []
     for job in map(Path, job_dirs):
         stage_dirs = sorted(d for d in job.iterdir() if d.is_dir()) if job.is_dir() else []
-        for path in [job / name for name in COMMIT_FILES] + [d / "metrics.json" for d in stage_dirs]:
+        for path in [job / name for name in COMMIT_FILES] + [d / METRICS_FILE for d in stage_dirs]:
             try:
                 data = json.loads(path.read_text())
             except (OSError, ValueError):

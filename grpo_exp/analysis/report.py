@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_exp.base.run_files import BEFORE_AFTER_FILE, CURRICULUM_FILE, ERROR_FILE, EVAL_FILE, HISTORY_FILE, METRICS_FILE, STATUS_FILE
 from grpo_exp.analysis import aggregates, compute_curve, ewc_summary, plots, seed_summary, tables
 from grpo_exp.analysis.tables import to_markdown
 from grpo_exp.base.io import eval_sets, read_jsonl
@@ -64,8 +65,8 @@ def _read_yaml(path: Path):
 
 
 def _is_job(path: Path) -> bool:
-    return (path / ".hydra").is_dir() or any((path / f).is_file() for f in ("metrics.json", "status.json",
-                                                                             "curriculum.json", "eval.json"))
+    return (path / ".hydra").is_dir() or any((path / f).is_file() for f in (METRICS_FILE, STATUS_FILE,
+                                                                             CURRICULUM_FILE, EVAL_FILE))
 
 
 def _sort_key(path: Path):
@@ -108,7 +109,7 @@ def _select(data, dotted: str):
 
 def _stage_dirs(job: Path) -> list[Path]:
     """Curriculum stage directories (1_basic, 2_intermediate, ...) that hold their own metrics."""
-    dirs = [p for p in job.iterdir() if p.is_dir() and (p / "metrics.json").is_file()]
+    dirs = [p for p in job.iterdir() if p.is_dir() and (p / METRICS_FILE).is_file()]
     return sorted(dirs, key=lambda p: (int(p.name.split("_", 1)[0]) if p.name.split("_", 1)[0].isdigit() else 1e9,
                                        p.name))
 
@@ -137,10 +138,10 @@ def load_job(job: Path, root: Path | None = None) -> dict:
     """Everything the report needs about one job: its table row and the data behind the plots."""
     overrides = parse_overrides(_read_yaml(job / ".hydra" / "overrides.yaml") or [])
     config = _read_yaml(job / ".hydra" / "config.yaml") or {}
-    metrics = _read_json(job / "metrics.json")
-    status_info = _read_json(job / "status.json") or {}
-    curriculum = _read_json(job / "curriculum.json")
-    eval_file = _read_json(job / "eval.json")
+    metrics = _read_json(job / METRICS_FILE)
+    status_info = _read_json(job / STATUS_FILE) or {}
+    curriculum = _read_json(job / CURRICULUM_FILE)
+    eval_file = _read_json(job / EVAL_FILE)
     stage_dirs = _stage_dirs(job) if curriculum is not None else []
 
     try:
@@ -149,7 +150,7 @@ def load_job(job: Path, root: Path | None = None) -> dict:
         label = job.name
     row: dict = {"job": label}
     if metrics is None and stage_dirs:
-        metrics = _combine_stage_metrics([_read_json(d / "metrics.json") or {} for d in stage_dirs])
+        metrics = _combine_stage_metrics([_read_json(d / METRICS_FILE) or {} for d in stage_dirs])
     # an evaluation-only run (grpo_exp.evaluate) has eval.json and no metrics.json
     has_results = metrics is not None or bool((curriculum or {}).get("matrix")) or bool(eval_sets(eval_file))
 
@@ -159,7 +160,7 @@ def load_job(job: Path, root: Path | None = None) -> dict:
     row["status"] = status
     error = status_info.get("error")
     if status == "failed" and not error:
-        error = _last_error_line(job / "error.txt") or "no metrics.json (the job did not finish)"
+        error = _last_error_line(job / ERROR_FILE) or "no metrics.json (the job did not finish)"
     row["error"] = error
 
     for key, value in overrides.items():
@@ -177,7 +178,7 @@ def load_job(job: Path, root: Path | None = None) -> dict:
     evaluation.update(eval_sets(eval_file))
     for name, values in evaluation.items():
         row[f"eval_{name}_accuracy"] = values.get("accuracy")
-    before_after = _read_json(job / "before_after.json") or {}
+    before_after = _read_json(job / BEFORE_AFTER_FILE) or {}
     row["split"] = aggregates.job_split(before_after, eval_file)
     for name, values in (before_after.get("sets") or {}).items():
         row[f"eval_{name}_before"] = values.get("before")
@@ -188,9 +189,9 @@ def load_job(job: Path, root: Path | None = None) -> dict:
         for key in CURRICULUM_METRICS:
             row[key] = curriculum.get(key)
 
-    history = read_jsonl(job / "history.jsonl", tolerant=True)
+    history = read_jsonl(job / HISTORY_FILE, tolerant=True)
     for stage_dir in stage_dirs:
-        history += read_jsonl(stage_dir / "history.jsonl", tolerant=True)
+        history += read_jsonl(stage_dir / HISTORY_FILE, tolerant=True)
     history.sort(key=lambda r: (r.get("global_step", r.get("step", 0))))
     for record in history:  # the last value wins: the KL at the end of the run
         for key, value in record.items():

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from grpo_exp.base.run_files import BEFORE_AFTER_FILE, CURVES_FILE, HISTORY_FILE
 from grpo_exp.analysis.plots import _history_points
 from grpo_exp.base.io import read_jsonl
-
-CURVES_FILE = "curves.png"
 
 
 def write_curves(run_dir: str | Path) -> Path | None:
@@ -20,14 +19,14 @@ def write_curves(run_dir: str | Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    history = read_jsonl(run_dir / "history.jsonl", tolerant=True)
+    history = read_jsonl(run_dir / HISTORY_FILE, tolerant=True)
     reward = _history_points(history, "reward")
     accuracy = {key.split("/")[1]: _history_points(history, key) for key in
                 sorted({k for r in history for k in r if k.startswith("eval/") and k.endswith("/accuracy")})}
     if not reward and not accuracy:
         return None
     try:
-        comparison = json.loads((run_dir / "before_after.json").read_text())
+        comparison = json.loads((run_dir / BEFORE_AFTER_FILE).read_text())
     except (OSError, ValueError):
         comparison = {}
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_exp.base.run_files import COMPLETIONS_FILE, CURRICULUM_FILE, EVAL_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE
 from grpo_exp.analysis import report
 from grpo_exp.base.io import read_jsonl
 
 # Folders inside a run that hold no runs of their own; walking them costs time on a big outputs tree.
 SKIP_DIRS = {"model", "adapter", "checkpoints", "wandb", "trackio", ".hydra", "__pycache__", "base_eval"}
 MAX_DEPTH = 6  # outputs/train/multiruns/<sweep>/<job>/<stage>: deeper than any layout the project writes
-JOB_FILES = ("metrics.json", "status.json", "curriculum.json", "eval.json")
+JOB_FILES = (METRICS_FILE, STATUS_FILE, CURRICULUM_FILE, EVAL_FILE)
 OVERVIEW_COLUMNS = ["job", "status", "model", "stage", "steps", "reward_mean_first", "reward_mean_last",
                     "step_time_s_median", "peak_rss_mb", "wall_time_s", "average_accuracy", "bwt"]
 
@@ -87,7 +88,7 @@ def training_pid(run_dir: Path) -> int | None:
     make a run starting at that instant fail as "in use"."""
     import os
 
-    for lock in [run_dir / ".lock", *sorted(run_dir.glob("*/.lock"))]:
+    for lock in [run_dir / LOCK_FILE, *sorted(run_dir.glob(f"*/{LOCK_FILE}"))]:
         try:
             text = lock.read_text().strip()
         except OSError:
@@ -183,7 +184,7 @@ def completion_dirs(root: str | Path) -> list[Path]:
     """Directories with a completions.jsonl: runs, and each stage of a curriculum run."""
     found = []
     for job in find_runs(root):
-        if (job / "completions.jsonl").is_file():
+        if (job / COMPLETIONS_FILE).is_file():
             found.append(job)
         found += sorted(p.parent for p in job.glob("*/completions.jsonl"))
     return found
@@ -210,7 +211,7 @@ def read_completions(run_dir: str | Path) -> pd.DataFrame:
     """completions.jsonl as a table: step, prompt, completion, reward (the weighted sum the trainer
     optimised, from the run's reward.weights), one column per reward function, advantage."""
     run_dir = Path(run_dir)
-    records = read_jsonl(run_dir / "completions.jsonl", tolerant=True)
+    records = read_jsonl(run_dir / COMPLETIONS_FILE, tolerant=True)
     weights = _reward_weights(run_dir)
     rows = []
     for rec in records:

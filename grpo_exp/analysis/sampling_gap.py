@@ -20,6 +20,7 @@ import json
 import shlex
 from pathlib import Path
 
+from grpo_exp.base.run_files import COMPLETIONS_FILE, EVAL_FILE, SETTINGS_FILE
 from grpo_exp.analysis import provenance, runs
 from grpo_exp.base import log
 from grpo_exp.base.text import markdown_table
@@ -32,7 +33,7 @@ ROUND_KEY = "rewards/correctness/mean"  # logged once per generation round
 
 def eval_figures(eval_dir: Path) -> dict:
     """The stage's greedy accuracy and sampled pass@1 (with its bootstrap interval) from eval.json."""
-    data = json.loads((eval_dir / "eval.json").read_text())
+    data = json.loads((eval_dir / EVAL_FILE).read_text())
     (stage, m), = data["sets"].items()
     if "sampled_pass_at_1" not in m:
         raise ValueError(f"{eval_dir}/eval.json has no sampled pass@1: evaluate with eval.pass_k=[1,k]")
@@ -64,7 +65,7 @@ def _mean(rows: list[dict], key: str) -> float | None:
 
 def describe(run_dir: Path) -> tuple[str, int]:
     """A run's label (what differs between the compared paths) and its completions per generation round."""
-    settings = json.loads((run_dir / "training_settings.json").read_text())  # flat: "train.seed", "resolved...."
+    settings = json.loads((run_dir / SETTINGS_FILE).read_text())  # flat: "train.seed", "resolved...."
     generation = settings.get("resolved.speed.generation") or settings.get("speed.generation", "?")
     precision = settings.get("resolved.train.precision") or settings.get("train.precision", "?")
     per_round = int(settings["train.per_device_train_batch_size"]) * int(settings["train.steps_per_generation"])
@@ -75,7 +76,7 @@ def rescore_completions(run_dir: Path) -> tuple[int, int]:
     """(logged completions, those whose logged correctness the evaluation's parser gives again)."""
     from grpo_exp.core import rewards
 
-    rows = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (run_dir / COMPLETIONS_FILE).read_text().splitlines() if line.strip()]
     answers = _answers(run_dir, rows)
     agree = 0
     for row, truth in zip(rows, answers):

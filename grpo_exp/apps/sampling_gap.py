@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in [args.eval, *args.runs]:
         if not Path(path).is_dir():
             parser.error(f"{path} is not a directory")
-    if not (Path(args.eval) / "eval.json").is_file():
+    if not (Path(args.eval) / EVAL_FILE).is_file():
         parser.error(f"--eval {args.eval} has no eval.json: give the output directory of python -m grpo_exp.evaluate")
     from grpo_exp.analysis import sampling_gap
 
@@ -39,3 +39,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+from grpo_exp.base.run_files import EVAL_FILE

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from grpo_exp.base import log
 from grpo_exp.base.errors import ConfigError
+from grpo_exp.base.run_files import BEFORE_AFTER_FILE, BEFORE_AFTER_TABLE_FILE, EVAL_FILE, EVAL_SAMPLES_FILE
 from grpo_exp.base.text import markdown_table
 from grpo_exp.config.recorded import run_config
 from grpo_exp.core.data.splits import split_seed, stage_split
@@ -323,8 +324,8 @@ def write_outputs(run_dir: str | Path, summary: dict, results: dict, samples: li
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     report = {"config": summary, "sets": results, "table": format_table(results)}
-    write_json(run_dir / "eval.json", report)
-    with (run_dir / "eval_samples.jsonl").open("w") as fh:
+    write_json(run_dir / EVAL_FILE, report)
+    with (run_dir / EVAL_SAMPLES_FILE).open("w") as fh:
         for row in samples:
             fh.write(json.dumps(row, default=str) + "\n")
     return report
@@ -382,7 +383,7 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
     report = evaluate_model(cfg, model, tokenizer, sets, saved if saved.is_dir() else None, run_dir)
     from grpo_exp.base.io import read_jsonl
 
-    trained_samples = read_jsonl(Path(run_dir) / "eval_samples.jsonl")
+    trained_samples = read_jsonl(Path(run_dir) / EVAL_SAMPLES_FILE)
     before = starting_model_results(cfg, sets, start_model_dir)
     comparison = before_after(sets, before, {"sets": report["sets"], "samples": trained_samples},
                               "start" if start_model_dir else "base", cfg.eval.split)
@@ -391,8 +392,8 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
         comparison["validation_before"] = validation_before(cfg, start_model_dir)
     from grpo_exp.base.io import write_json
 
-    write_json(Path(run_dir) / "before_after.json", comparison)
-    (Path(run_dir) / "before_after.md").write_text(comparison["table"] + "\n")
+    write_json(Path(run_dir) / BEFORE_AFTER_FILE, comparison)
+    (Path(run_dir) / BEFORE_AFTER_TABLE_FILE).write_text(comparison["table"] + "\n")
     print(comparison["table"])
     return {**report["sets"], "before_after": {name: c for name, c in comparison["sets"].items()}}
 

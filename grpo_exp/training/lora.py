@@ -29,11 +29,11 @@ from omegaconf import OmegaConf
 from grpo_exp.base import log
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import publish_dir, save_model_dir
+from grpo_exp.base.run_files import PEFT_SETTINGS_FILE  # the peft.* settings and model the adapter was trained with
 
 logger = log.get_logger(__name__)
 
 ADAPTER_DIR = "adapter"
-SETTINGS_FILE = "grpo_exp_peft.json"  # the peft.* settings and model option the adapter was trained with
 ADAPTER = "default"  # peft's name for the adapter being trained (TRL adds a frozen "ref" copy when beta > 0)
 # what must match for a later stage to continue an adapter: the adapter's shape and where it applies
 _CONTINUE_KEYS = ("r", "alpha", "target_modules")
@@ -74,7 +74,7 @@ def check_init(cfg, init: tuple[Path, Path] | None) -> Path | None:
                           f"weights, which peft=lora freezes; continue with peft=none, or with ewc.lambda=0")
     if adapter is None or not enabled(cfg):
         return None  # peft=none from a LoRA run trains the merged model/ in full; no adapter continues
-    recorded_path = adapter / SETTINGS_FILE
+    recorded_path = adapter / PEFT_SETTINGS_FILE
     recorded = json.loads(recorded_path.read_text()) if recorded_path.is_file() else {}
     now = _settings(cfg)
     differ = [f"{k} ({recorded[k]!r} -> {now[k]!r})" for k in ("model", *_CONTINUE_KEYS)
@@ -154,7 +154,7 @@ def save_adapter(model, tokenizer, target: Path, cfg) -> Path:
     try:
         model.save_pretrained(tmp, selected_adapters=[ADAPTER])
         tokenizer.save_pretrained(tmp)
-        (tmp / SETTINGS_FILE).write_text(json.dumps(_settings(cfg), indent=2) + "\n")
+        (tmp / PEFT_SETTINGS_FILE).write_text(json.dumps(_settings(cfg), indent=2) + "\n")
         publish_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

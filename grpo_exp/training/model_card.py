@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from grpo_exp.base import commit
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import write_text
+from grpo_exp.base.run_files import BEFORE_AFTER_TABLE_FILE, METRICS_FILE, SPEED_PLAN_FILE
 from grpo_exp.base.text import markdown_table
 from grpo_exp.config.recorded import run_config
 
@@ -31,7 +32,6 @@ RECIPE_KEYS = ("max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps"
                "beta", "epsilon", "epsilon_high", "importance_sampling_level", "entropy_coef",
                "top_entropy_quantile", "loss_type", "scale_rewards", "temperature", "top_p", "top_k",
                "mask_truncated_completions", "dynamic_sampling", "precision", "seed")
-SPEED_PLAN_FILE = "speed_plan.json"  # written by training/stage (its SPEED_PLAN_FILE)
 
 
 def base_model(model_cfg) -> str | None:
@@ -119,7 +119,7 @@ def card_text(cfg, run_dir: str | Path, *, adapter: bool = False, steps: int | N
     if adapter:
         lines += ["", "The merged model (the adapter folded into the base weights) is the run's `model/`."]
     lines += ["", "## Evaluation", ""]
-    table = run_dir / "before_after.md"
+    table = run_dir / BEFORE_AFTER_TABLE_FILE
     if table.is_file():
         lines += [table.read_text().strip(), "", "Greedy decoding; accuracy is exact-answer correctness against "
                   "the ground truth (grpo-exp's docs/evaluation.md)."]
@@ -181,7 +181,7 @@ def write_cards(run_dir: str | Path, cfg=None, *, steps: int | None = None, stat
         if found is None:
             raise ConfigError(f"{run_dir} is not a training run (no .hydra/config.yaml); give a run directory")
         cfg = found[0]
-        code = (_read_json(run_dir / "metrics.json") or {}).get("git_commit")
+        code = (_read_json(run_dir / METRICS_FILE) or {}).get("git_commit")
     written = []
     for folder, adapter in (("model", False), ("adapter", True)):
         target = run_dir / folder

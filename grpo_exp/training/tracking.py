@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.base import log
 from grpo_exp.base.io import eval_sets
+from grpo_exp.base.run_files import COMPLETIONS_FILE
 from grpo_exp.base.text import error_line
 
 logger = log.get_logger(__name__)
@@ -98,9 +99,12 @@ def run_identity(cfg, hydra_cfg=None) -> dict:
     stage = cfg.stage.name
     reward = cfg.reward.name
     quant = cfg.quantization.method
-    from grpo_exp.base import cpu
+    try:
+        from grpo_exp.base.cpu import resolve_threads
 
-    threads = cpu.applied().get("threads", cfg.cpu.threads)  # as the run applied cpu.threads (base/cpu.apply)
+        threads = resolve_threads(cfg.cpu.threads)
+    except Exception:
+        threads = cfg.cpu.threads
     tags = [f"model:{model}", f"stage:{stage}", f"reward:{reward}", f"threads:{threads}", f"quant:{quant}"]
     if choices.get("cpu"):
         tags.append(f"cpu:{choices['cpu']}")
@@ -133,8 +137,9 @@ def run_identity(cfg, hydra_cfg=None) -> dict:
     return {"name": "-".join(str(p) for p in name_parts), "group": group, "job_type": stage, "tags": tags}
 
 
-def run_config(cfg, hydra_cfg=None, step_offset: int = 0) -> dict:
-    """The full resolved config, plus the Hydra overrides and choices of the job."""
+def tracker_config(cfg, hydra_cfg=None, step_offset: int = 0) -> dict:
+    """The config a tracker logs with the run: the full resolved config, plus the Hydra overrides and choices of the
+    job and the stage's step offset."""
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation that only resolves inside a Hydra job
@@ -229,7 +234,7 @@ def start(cfg, run_dir: str | Path, step_offset: int = 0) -> Tracker | None:
             wandb.finish()
         run = wandb.init(
             project=cfg.logger.project, entity=cfg.logger.entity, dir=str(run_dir), mode=mode,
-            id=run_id or None, resume="allow", config=run_config(cfg, hydra_cfg, step_offset),
+            id=run_id or None, resume="allow", config=tracker_config(cfg, hydra_cfg, step_offset),
             settings=wandb.Settings(console="off", silent=True),
             **ident,
         )
@@ -256,7 +261,7 @@ def finish(tracker: Tracker | None, metrics: dict | None, failed: bool = False) 
             table = eval_table(metrics.get("eval"))
             if table is not None:
                 run.log({"eval/results": table})
-        completions = completions_table(tracker.run_dir / "completions.jsonl", tracker.step_offset)
+        completions = completions_table(tracker.run_dir / COMPLETIONS_FILE, tracker.step_offset)
         if completions is not None:
             run.log({"completions": completions})
         if failed:

@@ -8,7 +8,7 @@ Tracker, or None when trackio is disabled or could not start (training then goes
   `<sweep dir>/trackio` for a Hydra multirun (all jobs are runs of one project), or
   `<curriculum run>/trackio` for the stages of a curriculum, or `<run dir>/trackio`. View it with
   `TRACKIO_DIR=<dir> trackio show --project <project>` (served on 127.0.0.1).
-- Run name, group, tags and config are wandb's (`tracking.run_identity`, `tracking.run_config`);
+- Run name, group, tags and config are wandb's (`tracking.run_identity`, `tracking.tracker_config`);
   trackio has no tags or job type, so they are config keys (`tags`, `job_type`).
 - The step of every row is `train/global_step`, which counts across curriculum stages
   (`step_offset`); `train/stage_step` restarts per stage. Logged: TRL's metrics under `train/`,
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo_exp.base import log
+from grpo_exp.base.run_files import COMPLETIONS_FILE
 from grpo_exp.base.text import error_line
 from grpo_exp.training import tracking
 
@@ -184,7 +185,7 @@ def start(cfg, run_dir: str | Path, step_offset: int = 0) -> Tracker | None:
         # trackio resumes by run name: only where this directory's run was logged before, so that a new
         # run never continues an older one of the same name in a shared database
         resume = "allow" if _run_file_matches(run_file, project, ident["name"], storage) else "never"
-        config = {**tracking.run_config(cfg, hydra_cfg, step_offset), "tags": ident["tags"],
+        config = {**tracking.tracker_config(cfg, hydra_cfg, step_offset), "tags": ident["tags"],
                   "job_type": ident["job_type"]}
         with _trackio_output():
             # the monitor's figures are logged per step under resources/; trackio's own samplers would
@@ -219,7 +220,7 @@ def finish(tracker: Tracker | None, metrics: dict | None, failed: bool = False) 
         evaluation = tracking.eval_rows(metrics.get("eval")) if metrics else None
         if evaluation is not None:
             tables["eval/results"] = trackio.Table(columns=evaluation[0], data=evaluation[1])
-        completions = tracking.completions_rows(tracker.run_dir / "completions.jsonl", tracker.step_offset)
+        completions = tracking.completions_rows(tracker.run_dir / COMPLETIONS_FILE, tracker.step_offset)
         if completions is not None:
             tables["completions"] = trackio.Table(columns=completions[0], data=completions[1])
         # trackio has no run summary: metrics.json's values (and HF's closing figures) as a key/value table

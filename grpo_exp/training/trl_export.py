@@ -20,13 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.base import commit
 from grpo_exp.base.errors import ConfigError
+from grpo_exp.base.run_files import SETTINGS_FILE, SPEED_PLAN_FILE
 from grpo_exp.config.recorded import run_config
 from grpo_exp.config.schema import TrainConfig
 from grpo_exp.config.speed import SpeedConfig, SpeedPlan, resolve
 from grpo_exp.training.model_card import base_model
 
-SETTINGS_FILE = "training_settings.json"  # training/run_dir.SETTINGS_FILE
-SPEED_PLAN_FILE = "speed_plan.json"  # training/stage.SPEED_PLAN_FILE
 RESOLVED = "resolved."
 
 

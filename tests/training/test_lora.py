@@ -70,7 +70,7 @@ def test_model_dir_is_the_merged_model_and_loads_and_generates(tmp_path, test_re
     assert 0 < metrics["trainable_params"] < metrics["total_params"] / 10
     assert "accuracy" in json.loads((run / "eval.json").read_text())["sets"]["basic"]  # evaluated the merged model
     assert not (run / "model" / "adapter_config.json").exists()
-    assert json.loads((run / "adapter" / lora.SETTINGS_FILE).read_text())["r"] == cfg.peft.r
+    assert json.loads((run / "adapter" / lora.PEFT_SETTINGS_FILE).read_text())["r"] == cfg.peft.r
 
     merged = AutoModelForCausalLM.from_pretrained(run / "model")
     base, _ = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed)

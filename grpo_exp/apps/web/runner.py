@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from grpo_exp.base.run_files import ERROR_FILE, HISTORY_FILE, STATUS_FILE
 from grpo_exp.apps import launch_check
 from grpo_exp.apps.launch_check import LaunchRefused
 from grpo_exp.apps.web.common import EXIT_BAD_INPUT
@@ -164,9 +165,9 @@ def log_tail(path: Path, lines: int = LOG_LINES, max_bytes: int = 256_000) -> st
 def _history(run_dir: Path) -> list[dict]:
     from grpo_exp.base.io import read_jsonl
 
-    rows = read_jsonl(run_dir / "history.jsonl", tolerant=True)
+    rows = read_jsonl(run_dir / HISTORY_FILE, tolerant=True)
     for stage_dir in sorted(p.parent for p in run_dir.glob("*/history.jsonl")):  # curriculum stages
-        rows += read_jsonl(stage_dir / "history.jsonl", tolerant=True)
+        rows += read_jsonl(stage_dir / HISTORY_FILE, tolerant=True)
     return rows
 
 
@@ -207,8 +208,8 @@ def launch_state(launch: Launch | None) -> dict:
         status = (f"**running**{stopping}: step {steps}/{total if total else '?'}{last}, {elapsed:.0f} s, "
                   f"pid {launch.process.pid}, in {where}")
     else:
-        status_json = _read_json(launch.run_dir / "status.json")
-        error_txt = launch.run_dir / "error.txt"
+        status_json = _read_json(launch.run_dir / STATUS_FILE)
+        error_txt = launch.run_dir / ERROR_FILE
         if returncode == 0:
             status = f"**completed**: {steps} steps in {elapsed:.0f} s, in {where}"
             progress = 1.0

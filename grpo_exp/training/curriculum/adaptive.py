@@ -17,11 +17,12 @@ from pathlib import Path
 
 from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.io import read_jsonl, write_json
+from grpo_exp.base.run_files import CURRICULUM_EVAL_FILE, CURRICULUM_FILE, HISTORY_FILE
 from grpo_exp.config.checks import validate
 from grpo_exp.evaluation.continual import format_gains, paired_gain
 from grpo_exp.training.curriculum.overrides import compose_stage, stage_overrides
 from grpo_exp.training.curriculum import record
-from grpo_exp.training.curriculum.record import RECORD_FILE, earlier_result, format_table, new_result, score_base
+from grpo_exp.training.curriculum.record import earlier_result, format_table, new_result, score_base
 from grpo_exp.training.run_dir import finished_metrics
 from grpo_exp.training.stage import train
 
@@ -89,7 +90,7 @@ def run_adaptive(cfg, user_overrides: list[str]) -> dict:
     result["stage_metrics"] = [{"stage": ROW, "dir": str(out_dir), "reward_mean_first": metrics["reward_mean_first"],
                                 "reward_mean_last": metrics["reward_mean_last"], "steps": metrics["steps"],
                                 "eval": evals}]
-    result["mix"] = mean_mix(out_dir / "history.jsonl", stages)
+    result["mix"] = mean_mix(out_dir / HISTORY_FILE, stages)
     # one row: no stage is trained after another, so there is no backward transfer or forgetting to measure
     result.update({"average_accuracy": sum(row) / len(row), "bwt": None, "forgetting_max": None,
                    "forgetting_mean": None})
@@ -97,8 +98,8 @@ def run_adaptive(cfg, user_overrides: list[str]) -> dict:
     base_bits = result["correct"]["base"]
     result["stage_gains"] = [paired_gain(s, base_bits[j], bits[j]) for j, s in enumerate(stages)] if base_bits else []
     result["gains_table"] = format_gains(result["stage_gains"])
-    write_json(out_dir / "curriculum_eval.json", {"sets": {s: m for s, m in zip(stages, evals)}})
-    write_json(root / RECORD_FILE, result)
+    write_json(out_dir / CURRICULUM_EVAL_FILE, {"sets": {s: m for s, m in zip(stages, evals)}})
+    write_json(root / CURRICULUM_FILE, result)
     logger.info("adaptive curriculum, accuracy on every stage's held-out set:\n%s\n%s\naverage accuracy %.3f; "
                 "mean mix %s", result["table"], result["gains_table"], result["average_accuracy"],
                 {s: None if v is None else round(v, 3) for s, v in result["mix"].items()})

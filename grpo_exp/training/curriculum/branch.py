@@ -20,13 +20,14 @@ from typing import Any, Callable
 from grpo_exp.base import log
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import write_json
+from grpo_exp.base.run_files import CURRICULUM_FILE, LOCK_FILE, SETTINGS_FILE
 from grpo_exp.training import ewc
-from grpo_exp.training.run_dir import SETTINGS_FILE, differences, training_settings
+from grpo_exp.training.run_dir import differences, training_settings
 
 logger = log.get_logger(__name__)
 
 # not taken into a branch: resume state and the earlier run's own tracker run
-_SKIPPED = ("checkpoints", "wandb", "trackio", ".lock")
+_SKIPPED = ("checkpoints", "wandb", "trackio", LOCK_FILE)
 _LINK_BYTES = 1 << 20  # larger files (the model, the Fisher) are hard-linked; a finished stage never rewrites them
 # records from before curriculum.json kept its evaluation split scored the default one
 _SPLIT_BEFORE_RECORD = "test"
@@ -42,7 +43,7 @@ def shared_stages(cfg: Any, root: Path, stages: list[str], stage_config: Callabl
     init_from)` composes stage i as this run trains it; `finished(dir)` is a finished stage's metrics or None.
     Raises a one-line ConfigError when not even the first stage can be shared."""
     source = Path(cfg.curriculum.branch_from)
-    record_path = source / "curriculum.json"
+    record_path = source / CURRICULUM_FILE
     if not record_path.is_file():
         raise ConfigError(f"curriculum.branch_from={source} holds no curriculum.json; give the directory of a run "
                           f"of curriculum.stages={stages} (one job of a sweep)")
@@ -110,7 +111,7 @@ def take_stages(earlier: dict, shared: int, stages: list[str], source: Path, roo
               "stage_metrics": [{**m, "dir": str(stage_dir(root, i, stages[i])), "branched_from": m.get("dir")}
                                 for i, m in enumerate(earlier["stage_metrics"][:shared])],
               "branched_from": {"dir": str(source), "stages": stages[:shared]}}
-    write_json(root / "curriculum.json", record)
+    write_json(root / CURRICULUM_FILE, record)
     logger.info("curriculum.branch_from=%s: took %s (model, scores, history) instead of training %s",
                 source, ", ".join(stages[:shared]), "it" if shared == 1 else "them")
 

@@ -9,12 +9,11 @@ import json
 from pathlib import Path
 
 from grpo_exp.base import dist
+from grpo_exp.base.run_files import CURRICULUM_FILE
 from grpo_exp.base.text import markdown_table
 from grpo_exp.core import models
 from grpo_exp.evaluation.generate import evaluate
 from grpo_exp.evaluation.run import held_out_split
-
-RECORD_FILE = "curriculum.json"
 
 
 def format_table(stages: list[str], rows: list[tuple[str, list[float | None]]]) -> str:
@@ -63,7 +62,7 @@ def score_base(cfg, stage_cfgs: list, earlier: dict | None, result: dict) -> Non
 
 def earlier_result(root: Path, stages: list[str]) -> dict | None:
     """curriculum.json of an interrupted run of the same stages, if any."""
-    path = root / RECORD_FILE
+    path = root / CURRICULUM_FILE
     if not path.is_file():
         return None
     earlier = json.loads(path.read_text())

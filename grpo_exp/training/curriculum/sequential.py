@@ -18,10 +18,11 @@ from pathlib import Path
 
 from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.io import write_json
+from grpo_exp.base.run_files import CURRICULUM_EVAL_FILE, CURRICULUM_FILE
 from grpo_exp.evaluation.continual import format_gains, stage_gains, transfer_metrics
 from grpo_exp.training.curriculum import branch, record
 from grpo_exp.training.curriculum.overrides import check_stages, compose_stage, stage_overrides
-from grpo_exp.training.curriculum.record import RECORD_FILE, earlier_result, fmt, format_table, new_result, score_base
+from grpo_exp.training.curriculum.record import earlier_result, fmt, format_table, new_result, score_base
 from grpo_exp.training.run_dir import finished_metrics
 from grpo_exp.training.stage import train
 
@@ -93,8 +94,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         result["stage_metrics"].append({"stage": stage, "dir": str(out_dir), "reward_mean_first": metrics["reward_mean_first"],
                                         "reward_mean_last": metrics["reward_mean_last"], "steps": metrics["steps"],
                                         "eval": evals})
-        write_json(out_dir / "curriculum_eval.json", {"sets": {s: m for s, m in zip(stages, evals)}})
-        write_json(root / RECORD_FILE, result)  # kept current so a killed run leaves what it measured
+        write_json(out_dir / CURRICULUM_EVAL_FILE, {"sets": {s: m for s, m in zip(stages, evals)}})
+        write_json(root / CURRICULUM_FILE, result)  # kept current so a killed run leaves what it measured
 
     if not main:
         return result
@@ -104,7 +105,7 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     result["table"] = format_table(stages, rows)
     result["stage_gains"] = stage_gains(stages, result["correct"]["base"], result["correct"]["rows"])
     result["gains_table"] = format_gains(result["stage_gains"])
-    write_json(root / RECORD_FILE, result)
+    write_json(root / CURRICULUM_FILE, result)
     print(result["table"])
     print(result["gains_table"])
     print(f"average accuracy {result['average_accuracy']:.3f}  BWT {fmt(result['bwt'])}  "
