@@ -99,12 +99,9 @@ def run_identity(cfg, hydra_cfg=None) -> dict:
     stage = cfg.stage.name
     reward = cfg.reward.name
     quant = cfg.quantization.method
-    try:
-        from grpo_exp.base.cpu import resolve_threads
+    from grpo_exp.base import cpu
 
-        threads = resolve_threads(cfg.cpu.threads)
-    except Exception:
-        threads = cfg.cpu.threads
+    threads = cpu.applied().get("threads", cfg.cpu.threads)  # as the run applied cpu.threads (base/cpu.apply)
     tags = [f"model:{model}", f"stage:{stage}", f"reward:{reward}", f"threads:{threads}", f"quant:{quant}"]
     if choices.get("cpu"):
         tags.append(f"cpu:{choices['cpu']}")
