@@ -3,7 +3,8 @@ it measured (metrics.json, eval.json, curriculum.json, history.jsonl).
 
 `grpo-report <multirun dir or run dirs...> [--out DIR]` writes report.md, report.csv
 and PNG plots (throughput and memory vs threads and batch size, reward curves, curriculum accuracy
-heatmaps, fp32 vs int8) into the first given directory or --out, and prints the main table.
+heatmaps, fp32 vs int8) into the first given directory or --out, and prints the main table; a hyperparameter search
+(hparams_search) also gets its study, best trial first (analysis/study.py, study.csv).
 Jobs that failed (status.json says so, or no metrics were written) are rows with their error.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from grpo_exp.base.run_files import BEFORE_AFTER_FILE, CURRICULUM_FILE, ERROR_FILE, EVAL_FILE, HISTORY_FILE, METRICS_FILE, STATUS_FILE
-from grpo_exp.analysis import aggregates, compute_curve, ewc_summary, plots, seed_summary, tables
+from grpo_exp.analysis import aggregates, compute_curve, ewc_summary, plots, seed_summary, study, tables
 from grpo_exp.analysis.tables import to_markdown
 from grpo_exp.base.io import eval_sets, read_jsonl
 
@@ -33,6 +34,7 @@ MAIN_METRICS = {
     "wall_time_s": False,
 }
 CURRICULUM_METRICS = {"average_accuracy": True, "bwt": True, "forgetting_max": False}
+STUDY_CSV = "study.csv"  # a hyperparameter search's trials, best first (analysis/study.py)
 # Resolved settings read from .hydra/config.yaml: column -> dotted key
 CONFIG_COLUMNS = {
     "model": "model.name",
@@ -375,7 +377,8 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
         lines.append("Common overrides: " + ", ".join(f"`{k}={v}`" for k, v in common.items()))
     if split_note(df):
         lines += ["", split_note(df)]
-    lines += ["", "## Results", "", to_markdown(table), ""]
+    lines += ["", *study_lines(jobs, df, out)]
+    lines += ["## Results", "", to_markdown(table), ""]
     best = best_variants(df)
     if best:
         lines += ["## Best variant per metric", "", to_markdown(pd.DataFrame(best)), ""]
@@ -402,6 +405,18 @@ def write_report(paths, out: str | Path | None = None) -> tuple[pd.DataFrame, Pa
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in made] + [""]
     (out / "report.md").write_text("\n".join(lines))
     return df, out
+
+
+def study_lines(jobs: list[dict], df: pd.DataFrame, out: Path) -> list[str]:
+    """report.md's study of a hyperparameter search (hparams_search), best trial first, and study.csv; no lines
+    (and no study.csv) where no job ran under a search."""
+    section = study.study_section(jobs, df)
+    path = out / STUDY_CSV
+    if section is None:
+        path.unlink(missing_ok=True)  # a study.csv left from an earlier report of other runs
+        return []
+    section.table.to_csv(path, index=False)
+    return [f"## {section.title}", "", *section.markdown()]
 
 
 def ewc_section(jobs: list[dict], out: Path) -> list[str]:
@@ -444,6 +459,9 @@ def run(dirs: list[str], out: str | None = None) -> int:
         return 2
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 60):
         print(main_table(df).to_string(index=False))
+        if (out_dir / STUDY_CSV).is_file():  # a search: its trials, best first
+            print("\nHyperparameter search, best trial first:")
+            print(to_markdown(pd.read_csv(out_dir / STUDY_CSV)))
     print(f"\nreport: {out_dir / 'report.md'}  table: {out_dir / 'report.csv'}")
     failed = int((df["status"] != "completed").sum())
     if failed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_exp.apps.task import run_task
+from grpo_exp.base.io import eval_sets
 
 
 def train_task(cfg) -> dict:
@@ -32,7 +33,29 @@ def train_task(cfg) -> dict:
 
     result = train(cfg)
     show_outputs(cfg.paths.output_dir)
+    if cfg.eval.after_train and cfg.eval.split == "validation":
+        result = {**result, VALIDATION_ACCURACY: validation_accuracy(result.get("eval"), cfg.stage.name)}
     return result
+
+
+# the result's key (not written to metrics.json) for the objective of a run scored on validation after training
+VALIDATION_ACCURACY = "validation_accuracy"
+
+
+def validation_accuracy(evaluation, stage: str) -> float | None:
+    """The trained model's accuracy on the stage's validation problems after training (metrics.json's `eval`);
+    None where the evaluation failed, so a search records the trial failed rather than ranking it."""
+    sets = eval_sets(evaluation)
+    value = (sets.get(stage) or {}).get("accuracy")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def objective(result: dict) -> float | None:
+    """status.json's `objective`, what a sweeper such as hparams_search's maximises: the validation accuracy after
+    training where the run scored it, else the training reward at the end (a curriculum: its average accuracy)."""
+    if VALIDATION_ACCURACY in result:
+        return result[VALIDATION_ACCURACY]
+    return result.get("reward_mean_last", result.get("average_accuracy"))
 
 
 def show_outputs(run_dir) -> None:
@@ -88,8 +111,7 @@ def check_logger_installed(logger_cfg) -> None:
 
 
 def main() -> None:
-    run_task("train", train_task, check,
-             objective=lambda result: result.get("reward_mean_last", result.get("average_accuracy")))
+    run_task("train", train_task, check, objective=objective)
 
 
 if __name__ == "__main__":

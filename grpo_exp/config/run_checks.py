@@ -1,6 +1,6 @@
 """Checks on what a command will do, read from Hydra's own node of the composed config before Hydra creates
-anything: the run (or sweep) directory can be written, a sweep experiment is not run as one job, and
-`resume` names a run that exists. Each failure is a one-line ConfigError."""
+anything: the run (or sweep) directory can be written, a sweep experiment or a search (hparams_search) is not
+run as one job, and `resume` names a run that exists. Each failure is a one-line ConfigError."""
 
 from __future__ import annotations
 
@@ -26,15 +26,24 @@ def check_run(cfg: Any, config_name: str) -> None:
 
 
 def check_not_a_sweep(cfg: Any, config_name: str) -> None:
-    """An experiment that sweeps (hydra.sweeper.params) runs with -m; without it Hydra would quietly train one
+    """An experiment that sweeps (hydra.sweeper.params), or a search (hparams_search=<option>: a sweeper other than
+    Hydra's basic one, which proposes each job as it goes), runs with -m; without it Hydra would quietly train one
     job of the defaults."""
+    from grpo_exp.config.sweep_check import BASIC_SWEEPER
+
     params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
-    if not params:
+    sweeper = str(OmegaConf.select(cfg, "hydra.sweeper._target_") or BASIC_SWEEPER)
+    search = sweeper != BASIC_SWEEPER
+    if not params and not search:
         return
-    experiment = OmegaConf.select(cfg, "hydra.runtime.choices.experiment")
-    source = f"experiment={experiment}" if experiment else "this config"
-    raise ConfigError(f"{source} is a sweep (over {', '.join(str(k) for k in params)}) and runs only with -m: "
-                      f"python -m grpo_exp.{config_name} -m {source} ...; without -m it would train one default job")
+    choice = {group: OmegaConf.select(cfg, f"hydra.runtime.choices.{group}")
+              for group in ("hparams_search", "experiment")}
+    group = next((g for g, option in choice.items() if option), None)
+    source = f"{group}={choice[group]}" if group else "this config"
+    over = f"over {', '.join(str(k) for k in params)}" if params else "its trials proposed as it goes"
+    what = f"a search ({sweeper.rsplit('.', 1)[-1]}, {over})" if search else f"a sweep ({over})"
+    raise ConfigError(f"{source} is {what} and runs only with -m: python -m grpo_exp.{config_name} -m {source} ...; "
+                      f"without -m it would train one default job")
 
 
 def check_writable(key: str, path: str | os.PathLike) -> None:

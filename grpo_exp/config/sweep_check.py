@@ -1,7 +1,10 @@
 """The jobs of a sweep (-m) as Hydra's basic sweeper will make them, so the pre-check (config/compose.py) checks
 every job's config before Hydra starts the sweep: a bad job fails the whole command in one line per distinct
 error, exit 2, with nothing written and no job started (Hydra alone would start the sweep, fail job after job
-and end in a traceback)."""
+and end in a traceback).
+
+A search (hparams_search=<option>: another sweeper, Optuna's) proposes its jobs as it goes, so each is checked when
+it starts; what the search itself needs is checked before it starts (config/search_check.py)."""
 
 from __future__ import annotations
 
@@ -26,15 +29,21 @@ def sweep_jobs(config_name: str, overrides: list[str]) -> tuple[list[list[str]] 
     from hydra.core.utils import setup_globals
     from hydra.types import RunMode
 
+    from grpo_exp.config import search_check
     from grpo_exp.config.options import CONF_DIR
 
     setup_globals()  # ${now:...}, which the sweep directory's name uses
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
-        master = loader.load_configuration(config_name=config_name, overrides=overrides,
-                                           run_mode=RunMode.MULTIRUN, from_shell=True)
+        try:
+            master = loader.load_configuration(config_name=config_name, overrides=overrides,
+                                               run_mode=RunMode.MULTIRUN, from_shell=True)
+        except Exception as err:
+            search_check.check_sweeper_installed(err, overrides)
+            raise
         sweep_dir = str(OmegaConf.select(master, "hydra.sweep.dir"))
         if OmegaConf.select(master, "hydra.sweeper._target_") != BASIC_SWEEPER:
+            search_check.prepare_search(master)
             return None, sweep_dir
         params = OmegaConf.select(master, "hydra.sweeper.params") or {}
         arguments = [f"{key}={value}" for key, value in params.items()] + list(master.hydra.overrides.task)
