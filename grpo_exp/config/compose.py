@@ -33,6 +33,10 @@ def model_overrides(model: str) -> list[str]:
     return [f"model={model}"]
 
 
+# the groups conf/train.yaml lists as optional, which `<group>=null` leaves out
+OPTIONAL_GROUPS = ("experiment", "ablation", "hparams_search", "debug")
+
+
 def check_group_choices(args: list[str], multirun: bool) -> None:
     """`model=foo`: name the valid options instead of Hydra's multi-line 'Could not find'."""
     groups = _groups()
@@ -44,7 +48,7 @@ def check_group_choices(args: list[str], multirun: bool) -> None:
         values = value.split(",") if multirun else [value]
         for choice in values:
             choice = choice.strip()
-            if choice in ("null", "") and group in ("experiment", "debug"):
+            if choice in ("null", "") and group in OPTIONAL_GROUPS:
                 continue
             options = group_options(group)
             if choice not in options:
