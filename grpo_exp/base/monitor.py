@@ -82,17 +82,20 @@ class ResourceSampler:
 class MonitorCallback(TrainerCallback):
     """Times optimizer steps, adds resource figures to every log line and appends it to history.jsonl.
 
-    `step_offset` lets curriculum stages share one cumulative step axis.
+    `step_offset` lets curriculum stages share one cumulative step axis; `extra_rounds_key` names the logged figure
+    of extra generation rounds a step drew beside its own (training's dynamic sampling), whose completions count
+    towards its throughput.
     """
 
     def __init__(self, history_path: str | Path, completions_per_step: int, step_offset: int = 0, stage: str = "",
-                 completions_per_generation: int | None = None):
+                 completions_per_generation: int | None = None, extra_rounds_key: str | None = None):
         self.history_path = Path(history_path)
         self.completions_per_step = completions_per_step
         # With train.steps_per_generation > 1, TRL generates for several steps at once: the generating step
         # logs the mean length of all those completions and the steps that reuse them log none.
         self.completions_per_generation = max(completions_per_generation or 0, completions_per_step)
         self.step_offset = step_offset
+        self.extra_rounds_key = extra_rounds_key
         self.stage = stage
         self.sampler = ResourceSampler()
         self.step_times: list[float] = []
@@ -138,8 +141,8 @@ class MonitorCallback(TrainerCallback):
         mean_len = logs.get("completions/mean_length")
         buffered_step = mean_len is None and self.completions_per_generation > self.completions_per_step
         if (mean_len is not None or buffered_step) and self._last_step_time:
-            # train.dynamic_sampling generates extra rounds of as many completions (their mean length is in mean_len)
-            rounds = 1.0 + float(logs.get("dynamic_sampling/draws") or 0.0)
+            # extra rounds of as many completions (their mean length is in mean_len)
+            rounds = 1.0 + float(logs.get(self.extra_rounds_key) or 0.0) if self.extra_rounds_key else 1.0
             tokens = float(mean_len) * self.completions_per_generation * rounds if mean_len is not None else 0.0
             self.completion_tokens.append(tokens)
             row["completion_tokens"] = tokens

@@ -1,8 +1,10 @@
 """The speed config (`speed=auto|trl`, `speed.*`) and the one function that turns it into a frozen plan.
 
-Every `auto` of the speed settings is resolved here, once per run, against the precision and the machine:
-`resolve(cfg)` returns a `SpeedPlan` whose fields hold only concrete choices. The settings record
-(training/run_dir), the trainer and the rollout engine all read that plan, so what is recorded is what ran.
+Every `auto` of the speed settings is resolved here, once per run, against the precision, the machine and the
+settings that decide who can sample (peft, TRL's generation settings): `plan_for(cfg)` (`resolve`) returns a
+`SpeedPlan` whose fields hold only concrete choices. training/plan_fit.fit then fits it, once, to the loaded model
+(what the model rules out) before the trainer is built; the settings record (training/run_dir), speed_plan.json,
+the trainer and the rollout engine all read that one plan, so what is recorded is what ran.
 Speed changes how fast a run computes, never the GRPO recipe (train.*). `speed=trl` is plain TRL's path:
 TRL's `generate`, sdpa attention, TRL's log-prob kernel, none of grpo-exp's kernels. `speed.generation=vllm` is
 TRL's vLLM in colocate mode (one vLLM engine in each training process, on its GPU), which needs CUDA and the vllm
@@ -31,6 +33,7 @@ ROLLOUT_SAMPLERS = ("cdf", "multinomial")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 OLD_LOGPS = ("auto", "policy", "sampler")
 TRISTATE = ("auto", True, False)
+VLLM_MEMORY_TRL = 0.3  # TRL's default vllm_gpu_memory_utilization (GRPOConfig), for train.extra.use_vllm
 
 # the speed switches that were train.* keys: an override of one of them fails naming its new key
 MOVED = {
@@ -220,10 +223,43 @@ def _prepack(kind: str, device: str, shortcuts: bool) -> bool:
     return packed_linear.unsupported_reason(dtype, torch.device("cpu")) is None
 
 
-def resolve(speed: Any, train: Any, device: str | None = None, available: bool = True) -> SpeedPlan:
-    """The plan of `speed` (the speed node) for training `train` (train.precision, gradient_checkpointing) on this
-    machine (`device`: cuda where torch sees one, else cpu). `available=False` describes a run made elsewhere
-    (grpo-export-trl): an explicit vllm is planned even where this machine could not run it."""
+def trl_setting(train: Any, key: str, default: Any = None) -> Any:
+    """A GRPOConfig setting as the run gives it: train.extra.<key> over train.<key> (training/trainer.grpo_config
+    applies train.extra last)."""
+    extra = getattr(train, "extra", None) or {}
+    return extra[key] if key in extra else getattr(train, key, default)
+
+
+def engine_declined(train: Any, peft: str = "none") -> str | None:
+    """Why the rollout engine cannot sample for a run of these settings (None when it can), as far as the config
+    says; what the loaded model rules out is training/plan_fit's."""
+    if peft != "none":
+        return "a PEFT model (the rollout copy would need the adapter merged)"
+    if trl_setting(train, "use_vllm") or trl_setting(train, "use_transformers_continuous_batching"):
+        return "use_vllm or continuous batching (another generation backend)"
+    penalty = trl_setting(train, "repetition_penalty", 1.0)
+    if penalty != 1.0:
+        return f"repetition_penalty={penalty}"
+    if trl_setting(train, "min_p") is not None:
+        return f"min_p={trl_setting(train, 'min_p')}"
+    unhonoured = set(trl_setting(train, "generation_kwargs") or {}) - {"min_new_tokens"}  # the one it honours
+    if unhonoured:
+        return f"generation_kwargs {sorted(unhonoured)}"
+    return None
+
+
+def plan_for(cfg: Any, device: str | None = None) -> SpeedPlan:
+    """The plan of a run's config (cfg.speed for cfg.train and cfg.peft) on this machine."""
+    peft = getattr(getattr(cfg, "peft", None), "name", None) or "none"
+    return resolve(cfg.speed, cfg.train, device=device, peft=peft)
+
+
+def resolve(speed: Any, train: Any, device: str | None = None, available: bool = True,
+            peft: str = "none") -> SpeedPlan:
+    """The plan of `speed` (the speed node) for training `train` (train.precision, gradient_checkpointing, the
+    generation settings) with `peft` (peft.name) on this machine (`device`: cuda where torch sees one, else cpu).
+    `available=False` describes a run made elsewhere (grpo-export-trl): an explicit vllm is planned even where this
+    machine could not run it."""
     device = device or _device()
     if available:
         check_generation(speed.generation, device)
@@ -231,6 +267,12 @@ def resolve(speed: Any, train: Any, device: str | None = None, available: bool =
     checkpointing = bool(train.gradient_checkpointing)
     shortcuts = bool(speed.exact_shortcuts)
     generation = speed.generation if speed.generation != "auto" else auto_generation(device)
+    vllm_memory = float(speed.vllm_memory) if generation == "vllm" else None
+    if trl_setting(train, "use_vllm") and generation != "vllm":
+        # train.extra.use_vllm (vLLM's server mode, say): TRL's vLLM samples, not the engine or generate
+        generation, vllm_memory = "vllm", float(trl_setting(train, "vllm_gpu_memory_utilization", VLLM_MEMORY_TRL))
+    elif generation == "engine" and engine_declined(train, peft):
+        generation = "trl"  # training/plan_fit logs why
     engine = generation == "engine"
     # the copy's auto dtype is the machine's, not the training's: an fp32 run on a bf16 machine samples from bf16
     kind = copy_kind(speed.rollout_dtype, cpu.resolve_precision("auto")) if engine else None
@@ -252,7 +294,7 @@ def resolve(speed: Any, train: Any, device: str | None = None, available: bool =
         rollout_sampler=speed.rollout_sampler,
         old_logps=old_logps_source(speed.old_logps, kind, precision) if engine else None,
         is_correction=bool(speed.is_correction), is_mode=speed.is_mode, is_cap=float(speed.is_cap),
-        vllm_memory=float(speed.vllm_memory) if generation == "vllm" else None)
+        vllm_memory=vllm_memory)
 
 
 def check_moved(overrides: list[str]) -> None:

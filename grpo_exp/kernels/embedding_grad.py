@@ -57,12 +57,17 @@ class TiedEmbedding(torch.nn.Embedding):
         return super().forward(ids)
 
 
-def install(model) -> bool:
-    """Make the model's input embedding a TiedEmbedding; returns whether it did: only for a plain nn.Embedding tied
-    to the LM head, without max_norm, scaling by frequency or sparse gradients of its own."""
+def supported(model) -> bool:
+    """Whether `install` takes this model: a plain nn.Embedding tied to the LM head, without max_norm, scaling by
+    frequency or sparse gradients of its own."""
     embedding = model.get_input_embeddings()
-    if (type(embedding) is not torch.nn.Embedding or not tied(model) or embedding.max_norm is not None
-            or embedding.scale_grad_by_freq or embedding.sparse):
+    return not (type(embedding) is not torch.nn.Embedding or not tied(model) or embedding.max_norm is not None
+                or embedding.scale_grad_by_freq or embedding.sparse)
+
+
+def install(model) -> bool:
+    """Make the model's input embedding a TiedEmbedding; returns whether it did (where `supported`)."""
+    if not supported(model):
         return False
-    embedding.__class__ = TiedEmbedding
+    model.get_input_embeddings().__class__ = TiedEmbedding
     return True

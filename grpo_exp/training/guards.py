@@ -25,52 +25,63 @@ class NonFiniteError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------- non-finite values
-# on_nonfinite=skip: a NaN/inf reward poisons its whole generation round (every optimizer step that trains on it),
-# a NaN/inf loss the rest of its round; poisoned steps change no parameter or state. The state lives on the
-# trainer: `_round_poisoned` (why the current round is poisoned), `_drop_update` (the optimizer step being
-# accumulated must not happen), `skipped_steps`; `trainer` below is a trainer.GrpoExpTrainer.
 
 
-def guard_reward(trainer, func: Callable) -> Callable:
-    """Check every reward for NaN/inf: stop the run, or (on_nonfinite=skip) drop the batch's update."""
+class RoundGuard:
+    """The round guard's state, one per trainer: whether the current generation round is poisoned (and why),
+    whether the optimizer step being accumulated is dropped, and how many were. on_nonfinite=skip: a NaN/inf reward
+    poisons its whole generation round (every optimizer step that trains on it), a NaN/inf loss the rest of its
+    round; poisoned steps change no parameter or state. Others (dynamic sampling) ask it to skip a round
+    (`skip_round`) rather than set its flags."""
 
-    def guarded(*args, **kwargs):
-        with stop.urgent("reward scoring"):  # a reward function is the user's code: it cannot poll
-            values = func(*args, **kwargs)
-        bad = [v for v in values if v is not None and not math.isfinite(v)]
-        if bad:
-            where = f"reward function '{func.__name__}' returned {bad[0]} at step {trainer.state.global_step + 1}"
-            if trainer.on_nonfinite == "stop":
-                raise NonFiniteError(f"{where}; stopped, last good checkpoint kept "
-                                     f"(on_nonfinite=skip drops such batches instead)")
-            trainer._round_poisoned = where
-            values = [0.0 if v is not None and not math.isfinite(v) else v for v in values]
-        return values
+    def __init__(self, on_nonfinite: str):
+        self.on_nonfinite = on_nonfinite  # stop | skip
+        self.poisoned: str | None = None  # why the current generation round is poisoned
+        self.drop_update = False  # the optimizer step being accumulated must not happen
+        self.skipped_steps = 0
 
-    guarded.__name__ = func.__name__
-    return guarded
+    def skip_round(self, why: str) -> None:
+        """Drop every optimizer step the current round feeds (the first reason given is kept)."""
+        self.poisoned = self.poisoned or why
 
+    def start_round(self, trainer) -> None:
+        """A new generation round starts clean (its rewards may poison it again); TRL's own test for a new round."""
+        if trainer.model.training:
+            generate_every = trainer.args.steps_per_generation * trainer.num_iterations
+            if trainer._step % generate_every == 0 or trainer._buffered_inputs is None:
+                self.poisoned = None
 
-def start_round(trainer) -> None:
-    """A new generation round starts clean (its rewards may poison it again); TRL's own test for a new round."""
-    if trainer.model.training:
-        generate_every = trainer.args.steps_per_generation * trainer.num_iterations
-        if trainer._step % generate_every == 0 or trainer._buffered_inputs is None:
-            trainer._round_poisoned = None
+    def reward(self, trainer, func: Callable) -> Callable:
+        """`func` with every reward checked for NaN/inf: stop the run, or (on_nonfinite=skip) drop the round."""
 
+        def guarded(*args, **kwargs):
+            with stop.urgent("reward scoring"):  # a reward function is the user's code: it cannot poll
+                values = func(*args, **kwargs)
+            bad = [v for v in values if v is not None and not math.isfinite(v)]
+            if bad:
+                where = f"reward function '{func.__name__}' returned {bad[0]} at step {trainer.state.global_step + 1}"
+                if self.on_nonfinite == "stop":
+                    raise NonFiniteError(f"{where}; stopped, last good checkpoint kept "
+                                         f"(on_nonfinite=skip drops such batches instead)")
+                self.poisoned = where
+                values = [0.0 if v is not None and not math.isfinite(v) else v for v in values]
+            return values
 
-def guard_loss(trainer, model, loss: torch.Tensor) -> torch.Tensor:
-    """A micro-batch's loss, checked: a NaN/inf loss stops the run (on_nonfinite=stop) or poisons the rest of its
-    round, and a poisoned round's micro-batch drops the optimizer step it accumulates into."""
-    if model.training and trainer._round_poisoned is None and not torch.isfinite(loss):
-        trainer._round_poisoned = f"non-finite loss ({float(loss)}) at step {trainer.state.global_step + 1}"
-        if trainer.on_nonfinite == "stop":
-            raise NonFiniteError(f"{trainer._round_poisoned}; stopped, last good checkpoint kept")
-    if model.training and trainer._round_poisoned is not None:
-        trainer._drop_update = True  # the optimizer step this micro-batch accumulates into is dropped
-        # A zero that still belongs to the graph: backward runs and leaves every gradient at zero.
-        return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
-    return loss
+        guarded.__name__ = func.__name__
+        return guarded
+
+    def loss(self, trainer, model, loss: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's loss, checked: a NaN/inf loss stops the run (on_nonfinite=stop) or poisons the rest of its
+        round, and a poisoned round's micro-batch drops the optimizer step it accumulates into."""
+        if model.training and self.poisoned is None and not torch.isfinite(loss):
+            self.poisoned = f"non-finite loss ({float(loss)}) at step {trainer.state.global_step + 1}"
+            if self.on_nonfinite == "stop":
+                raise NonFiniteError(f"{self.poisoned}; stopped, last good checkpoint kept")
+        if model.training and self.poisoned is not None:
+            self.drop_update = True  # the optimizer step this micro-batch accumulates into is dropped
+            # A zero that still belongs to the graph: backward runs and leaves every gradient at zero.
+            return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
+        return loss
 
 
 class DropPoisonedUpdates(TrainerCallback):
@@ -80,24 +91,24 @@ class DropPoisonedUpdates(TrainerCallback):
     The trainer's optimizer is accelerate's wrapper; its `step_was_skipped` flag (set here) is what the HF
     loop reads to leave the scheduler alone, as it does for an fp16 overflow."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    def __init__(self, trainer, guard: RoundGuard):
+        self.trainer, self.guard = trainer, guard
 
     def on_train_begin(self, args, state, control, **kwargs):
         optimizer = self.trainer.optimizer
         if getattr(optimizer, "_grpo_exp_guarded", False):
             return
         original = optimizer.step
-        trainer = self.trainer
+        guard = self.guard
 
         def step(*a, **k):
             # data-parallel: a non-finite value on one rank drops the update on all, or their weights part
-            drop = dist.any_rank(trainer._drop_update)
-            if drop and not trainer._drop_update:
-                trainer._drop_update = True
-                trainer._round_poisoned = trainer._round_poisoned or "a non-finite value on another process"
-            optimizer._is_overflow = trainer._drop_update
-            if trainer._drop_update:
+            drop = dist.any_rank(guard.drop_update)
+            if drop and not guard.drop_update:
+                guard.drop_update = True
+                guard.skip_round("a non-finite value on another process")
+            optimizer._is_overflow = guard.drop_update
+            if guard.drop_update:
                 return None
             return original(*a, **k)
 
@@ -105,13 +116,13 @@ class DropPoisonedUpdates(TrainerCallback):
         optimizer._grpo_exp_guarded = True
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        trainer = self.trainer
-        if trainer._drop_update:
-            trainer.skipped_steps += 1
-            trainer.pending_logs.update({"skipped_update": 1, "skipped_reason": trainer._round_poisoned or "non-finite"})
+        guard = self.guard
+        if guard.drop_update:
+            guard.skipped_steps += 1
+            self.trainer.pending_logs.update({"skipped_update": 1, "skipped_reason": guard.poisoned or "non-finite"})
             logger.warning("step %s: update dropped (%s); parameters and optimizer state unchanged",
-                           state.global_step + 1, trainer._round_poisoned)
-            trainer._drop_update = False
+                           state.global_step + 1, guard.poisoned)
+            guard.drop_update = False
 
 
 # ------------------------------------------------------------------------------------------ the policy moved

@@ -16,7 +16,6 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from grpo_exp.base import commit, dist, log, stop
-from grpo_exp.base.cpu import resolve_precision
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import write_json
 from grpo_exp.base.run_files import (CHECKPOINTS_DIR, COMPLETIONS_FILE, HISTORY_FILE, LOCK_FILE, METRICS_FILE,
@@ -186,7 +185,7 @@ def stage_metrics(cfg: Any, parts, trainer, monitor, *, started: float, threads:
         **monitor.summary([f.__name__ for f in parts.reward_funcs]),
         "wall_time_s": time.time() - started,
         **{f"cpu_{k}": v for k, v in threads.items()},
-        "precision": resolve_precision(cfg.train.precision),
+        "precision": trainer.speed_plan.precision,
         "torch_version": torch.__version__,
         "git_commit": commit.AT_START,
         "ewc_lambda": cfg.ewc["lambda"],
@@ -216,9 +215,9 @@ def resolved_choices(cfg: Any, plan=None) -> dict[str, Any]:
     and this grpo-exp version): the precision, and each speed.* key as the speed plan (config/speed.py) resolved
     it (`plan`: the run's, else resolved here). The plan's derived fields (shared_prefix, saved_tensors, ...) go to
     speed_plan.json."""
-    from grpo_exp.config.speed import resolve
+    from grpo_exp.config.speed import plan_for
 
-    record = (plan or resolve(cfg.speed, cfg.train)).record()
+    record = (plan or plan_for(cfg)).record()
     return {"train.precision": record["speed.precision"],
             **{k: v for k, v in record.items() if k.removeprefix("speed.") in cfg.speed}}
 

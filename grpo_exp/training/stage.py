@@ -30,9 +30,9 @@ from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_jso
 from grpo_exp.base.monitor import MonitorCallback, reset_peak_rss
 from grpo_exp.base.run_files import HISTORY_FILE, MODEL_DIR, SPEED_PLAN_FILE
 from grpo_exp.config.recipe import generation_batch
-from grpo_exp.config.speed import resolve as resolve_speed
+from grpo_exp.config.speed import plan_for
 from grpo_exp.core import data, models, rewards
-from grpo_exp.training import checkpoints, ewc, loggers, lora, run_dir as run_directory
+from grpo_exp.training import checkpoints, dynamic_sampling, ewc, loggers, lora, run_dir as run_directory
 from grpo_exp.training.guards import GracefulStop, NonFiniteError
 from grpo_exp.training.model_card import write_cards
 from grpo_exp.training.curriculum.replay import mixed_examples
@@ -135,7 +135,7 @@ def train(cfg, step_offset: int = 0, pools: dict[str, Any] | None = None) -> dic
 
 
 def _train_locked(cfg, run_dir: Path, step_offset: int, pools: dict[str, Any] | None) -> dict:
-    plan = resolve_speed(cfg.speed, cfg.train)  # once: the settings record and the trainer read the same plan
+    plan = plan_for(cfg)  # once: the settings record and the trainer read the same plan (build_trainer fits it)
     run_directory.adopt_recorded_split(cfg, run_dir)
     # the files are rank 0's to change
     finished, resume_from = dist.on_main(lambda: run_directory.open_run_dir(cfg, run_dir, plan))
@@ -150,7 +150,8 @@ def _train_locked(cfg, run_dir: Path, step_offset: int, pools: dict[str, Any] | 
     # TRL gathers its logged figures over the processes, so the step's completions are all N processes' ones
     monitor = MonitorCallback(run_dir / HISTORY_FILE, completions_per_step(cfg.train) * dist.world_size(),
                               step_offset=step_offset, stage=cfg.stage.name,
-                              completions_per_generation=generation_batch(cfg.train)[0])
+                              completions_per_generation=generation_batch(cfg.train)[0],
+                              extra_rounds_key=dynamic_sampling.DRAWS_KEY)
     if resume_from is not None and dist.is_main():
         monitor.continue_from(read_jsonl(run_dir / HISTORY_FILE))
     tracker = loggers.start(cfg, run_dir, step_offset)

@@ -121,7 +121,8 @@ def speed_plan(run_dir: Path, cfg: DictConfig, train: DictConfig) -> tuple[Speed
         values = {k[len("speed."):]: v for k, v in recorded.items() if k[len("speed."):] in names}
         if required <= set(values):
             return SpeedPlan(**values), SPEED_PLAN_FILE
-    plan = resolve(speed, train, available=False)  # a vllm run trained elsewhere is described, not refused
+    peft = (cfg.get("peft") or {}).get("name") or "none"
+    plan = resolve(speed, train, available=False, peft=peft)  # a vllm run trained elsewhere is described, not refused
     settings = _read_json(run_dir / SETTINGS_FILE) or {}
     from grpo_exp.training.run_dir import renamed
 

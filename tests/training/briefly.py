@@ -11,7 +11,7 @@ import torch
 
 from grpo_exp.base import cpu
 from grpo_exp.config.checks import validate
-from grpo_exp.config.speed import resolve
+from grpo_exp.config.speed import plan_for
 from grpo_exp.core import data, models, rewards
 from grpo_exp.training.stage import StageParts
 from grpo_exp.training.trainer import build_trainer
@@ -32,7 +32,7 @@ def train_briefly(cfg, **plan_changes):
         model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         parts = StageParts(model, tokenizer, [], dataset, funcs, weights, None, None, None)
-        plan = dataclasses.replace(resolve(cfg.speed, cfg.train), **plan_changes)
+        plan = dataclasses.replace(plan_for(cfg), **plan_changes)
         trainer = build_trainer(cfg, parts, output_dir=cfg.paths.output_dir, callbacks=[], plan=plan)
         seen = []
         compute_loss = trainer.compute_loss

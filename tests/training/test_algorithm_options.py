@@ -84,7 +84,7 @@ def build(tiny_model, path: str, overrides: list[str], run_dir):
     model, tokenizer = copy.deepcopy(tiny_model)  # build_trainer sets its attention and embedding gradient
     parts = StageParts(model, tokenizer, [], dataset, funcs, weights, None, None, None)
     trainer = build_trainer(cfg, parts, output_dir=run_dir, callbacks=[])
-    assert (trainer.rollout_engine is not None) == trainer.share_prefixes == (path == "grpo_exp")
+    assert (trainer.rollout_engine is not None) == trainer.speed_plan.shared_prefix == (path == "grpo_exp")
     assert trainer.speed_plan.old_logps == ("sampler" if path == "grpo_exp" else None)
     # The random model almost never draws its one EOS token in 8 steps, so every completion would be truncated and
     # mask_truncated_completions would drop the whole batch. Every 12th token id ends a completion here (about

@@ -99,7 +99,7 @@ def test_a_grpo_step_through_the_rollout_engine_and_the_autocast_head_on_cuda(tm
     trainer, seen, losses, moved = train_briefly(cfg)
     engine = trainer.rollout_engine
     assert engine is not None and engine.device.type == "cuda" and engine.dtype == torch.bfloat16
-    assert trainer.logprob_kernel == "autocast"
+    assert trainer.speed_plan.logprob_kernel == "autocast"
     assert losses and all(math.isfinite(x) for x in losses), losses
     assert moved, "no parameter changed: the step did not update the policy"
     assert "importance_sampling_ratio" in seen[0]

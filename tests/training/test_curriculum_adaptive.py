@@ -126,8 +126,8 @@ def test_a_resumed_sampler_draws_what_an_uninterrupted_one_draws(tmp_path):
     ckpt = tmp_path / "checkpoint-5"
     ckpt.mkdir()
     checkpoints.write_state(ckpt, {"stage": "basic", STATE_KEY: first.mix.state_dict(), "global_step": 5})
-    owner = SimpleNamespace(stage_mix=_mix())
-    StageMixing.restore_mix(owner, ckpt, checkpoints.STATE_FILE)
+    owner = StageMixing(None, STAGES, _mix())
+    owner.restore(ckpt, checkpoints.STATE_FILE)
     assert owner.stage_mix.pass_rate == first.mix.pass_rate and owner.stage_mix.snapshots == first.mix.snapshots
     resumed = _train(_sampler(owner.stage_mix), rounds=7, skip=5)
     assert resumed == whole[5:]
@@ -151,11 +151,12 @@ def test_the_sampler_keeps_trls_layout_and_a_state_of_another_mix_is_refused():
 # ------------------------------------------------------------------------------ the logged mix
 
 
-class _Trainer(StageMixing):
-    """StageMixing over a stand-in for TRL: one process, the reward table given."""
+class _Fake:
+    """A stand-in for TRL's trainer, one process, the reward table given, with its StageMixing composed as
+    GrpoExpTrainer composes it: the round's rewards observed, the adaptive mix counting around the round."""
 
     def __init__(self, table: torch.Tensor, stage_mix: StageMix | None):
-        self.mix_stages, self.stage_mix, self._table = STAGES, stage_mix, table
+        self._table = table
         self.model = SimpleNamespace(training=True)
         self.accelerator = SimpleNamespace(device="cpu", gather=lambda t: t)
         self._metrics = {"train": defaultdict(list)}
@@ -163,22 +164,19 @@ class _Trainer(StageMixing):
         self.reward_func_names = ["correctness", "answer_format"]
         self.args = SimpleNamespace(gradient_accumulation_steps=1, steps_per_generation=1)
         self.num_iterations, self._step, self.state = 1, 0, SimpleNamespace(global_step=0)
+        self.stage_mixing = StageMixing(self, STAGES, stage_mix)
 
     def _log_completion_extra(self, column, values):
         self.extra[column].extend(values)
 
-
-class _TRL:
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        return self._table
-
-    def _generate_and_score_completions(self, inputs):
-        self._calculate_rewards(inputs, None, None, None)
+    def _trl_round(self, inputs):
+        self.stage_mixing.observe(inputs, self._table)  # TRL's _calculate_rewards, as GrpoExpTrainer's hands it on
         return {"generated": len(inputs)}
 
-
-class _Fake(_Trainer, _TRL):
-    pass
+    def _generate_and_score_completions(self, inputs):
+        if self.stage_mixing.stage_mix is None:
+            return self._trl_round(inputs)
+        return self.stage_mixing.count_round(self._trl_round, inputs)
 
 
 def test_the_logged_mix_sums_to_one_and_the_pass_rates_follow_the_rewards():
@@ -191,11 +189,11 @@ def test_the_logged_mix_sums_to_one_and_the_pass_rates_follow_the_rewards():
     assert mix == {"basic": [0.5], "intermediate": [0.25], "advanced": [0.25]}
     assert sum(v[0] for v in mix.values()) == pytest.approx(1.0)
     # passes of the correctness column; an unscorable completion counts for nothing
-    assert trainer.stage_mix.pass_rate == [0.75, 0.5, 0.0]
+    assert trainer.stage_mixing.stage_mix.pass_rate == [0.75, 0.5, 0.0]
     assert {s: trainer._metrics["train"][f"curriculum/pass_rate/{s}"] for s in STAGES} == {
         "basic": [0.75], "intermediate": [0.5], "advanced": [0.0]}
     assert trainer.extra["stage"] == [x["stage"] for x in inputs]
-    assert trainer.mix_state()[STATE_KEY]["snapshots"] == {"0": [0.75, 0.5, 0.0]}
+    assert trainer.stage_mixing.state()[STATE_KEY]["snapshots"] == {"0": [0.75, 0.5, 0.0]}
     # replay: the mix alone, no pass rates
     replay = _Fake(table, None)
     replay._generate_and_score_completions(inputs)

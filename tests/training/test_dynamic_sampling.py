@@ -17,6 +17,8 @@ from grpo_exp.base.monitor import MonitorCallback
 from grpo_exp.config.checks import validate
 from grpo_exp.core import rewards
 from grpo_exp.training import dynamic_sampling
+from grpo_exp.training.guards import RoundGuard
+from grpo_exp.training.trainer import GrpoExpTrainer
 from tests.conftest import compose_cfg
 from tests.training.briefly import train_briefly
 from tests.spread_reward_main import vowel_fraction
@@ -81,7 +83,8 @@ def test_a_slot_takes_only_a_group_laid_out_alike_over_processes():
 
 
 def test_the_throughput_counts_the_extra_rounds(tmp_path):
-    monitor = MonitorCallback(tmp_path / "history.jsonl", completions_per_step=4)
+    monitor = MonitorCallback(tmp_path / "history.jsonl", completions_per_step=4,
+                              extra_rounds_key=dynamic_sampling.DRAWS_KEY)
     state = SimpleNamespace(global_step=1)
     monitor.on_step_begin(None, state, None)
     monitor.on_step_end(None, state, None)
@@ -110,12 +113,12 @@ def _fake_process(rank: int, processes: int, local: int, n: int, exchange: _Exch
     (spread), except for prompts divisible by 3, which score 0 (all equal). Prompt and completion widths change
     from round to round, as real ones do."""
     dataset = [{"prompt": f"p{i}", "index": i} for i in range(30)]
+    sampling = dynamic_sampling.DynamicSampling(draws)
     trainer = SimpleNamespace(
         num_generations=n, reward_func_names=["correctness"], reward_weights=torch.tensor([1.0]),
         train_dataset=dataset, state=SimpleNamespace(global_step=5), args=SimpleNamespace(seed=42),
-        dynamic_draws=draws, _metrics={"train": defaultdict(list)}, _tokenizer=SimpleNamespace(pad_token_id=-1),
-        scale_rewards="batch", multi_objective_aggregation="sum_then_normalize", _round_poisoned=None,
-        _round_rewards=None, rounds=0,
+        _metrics={"train": defaultdict(list)}, _tokenizer=SimpleNamespace(pad_token_id=-1),
+        scale_rewards="batch", multi_objective_aggregation="sum_then_normalize", rounds=0,
         accelerator=SimpleNamespace(num_processes=processes, process_index=rank,
                                     gather=lambda t: exchange.gather(rank, t)))
 
@@ -125,7 +128,7 @@ def _fake_process(rank: int, processes: int, local: int, n: int, exchange: _Exch
         index = torch.tensor([x["index"] for x in inputs])
         place = torch.tensor([(rank * local + i) % n for i in range(local)])
         local_rewards = torch.where(index % 3 == 0, 0.0, place.float())[:, None]
-        trainer._round_rewards = exchange.gather(rank, local_rewards)
+        sampling.observe(exchange.gather(rank, local_rewards))  # TRL's _calculate_rewards, as the trainer hands it on
         prompt = torch.cat([torch.full((local, width - 1), -1), index[:, None]], dim=1)
         completion = torch.cat([place[:, None], torch.full((local, 2 - width), -1)], dim=1)
         return {"prompt_ids": prompt, "prompt_mask": (prompt >= 0).long(), "completion_ids": completion,
@@ -133,7 +136,7 @@ def _fake_process(rank: int, processes: int, local: int, n: int, exchange: _Exch
                 "num_items_in_batch": torch.tensor(0)}
 
     first = [dataset[i // n] for i in range(rank * local, (rank + 1) * local)]  # prompts 0, 1, ... in groups
-    return trainer, lambda: dynamic_sampling.fill_batch(trainer, first, generate)
+    return trainer, lambda: sampling.fill(trainer, first, generate, RoundGuard("skip"))
 
 
 @pytest.mark.parametrize("local,n", [(4, 2), (2, 4), (6, 4)], ids=["whole groups", "groups span", "mixed"])
@@ -264,19 +267,24 @@ def test_advantages_follow_trls_formula(tmp_path, spread_and_half_rewards):
                 ("batch", "normalize_then_sum")]
     cfg = compose_cfg([*FAST, "reward.funcs=[vowel_fraction,half_spread]", "reward.weights=[1.0,0.5]",
                        f"train.max_steps={len(settings)}"], tmp_path)
-    compared = []
-    original = dynamic_sampling.DynamicSampling._generate_and_score_completions
+    compared, gathered = [], []
+    original, calculate = GrpoExpTrainer._generate_and_score_completions, GrpoExpTrainer._calculate_rewards
+
+    def keeping(self, *args):
+        gathered.append(calculate(self, *args))
+        return gathered[-1]
 
     def comparing(self, inputs):
         self.scale_rewards, self.multi_objective_aggregation = settings[self.state.global_step]
         output = original(self, inputs)
-        ours = dynamic_sampling.advantages(self._round_rewards, self.reward_weights, self.num_generations,
+        ours = dynamic_sampling.advantages(gathered[-1], self.reward_weights, self.num_generations,
                                            self.scale_rewards, self.multi_objective_aggregation)
         compared.append(torch.allclose(ours, output["advantages"], atol=1e-6))
         return output
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dynamic_sampling.DynamicSampling, "_generate_and_score_completions", comparing)
+        mp.setattr(GrpoExpTrainer, "_generate_and_score_completions", comparing)
+        mp.setattr(GrpoExpTrainer, "_calculate_rewards", keeping)
         train_briefly(cfg)
     assert compared == [True] * len(settings)
 
@@ -287,3 +295,61 @@ def test_max_draws_below_one_is_refused_in_one_line(tmp_path):
         validate(cfg)
     message = str(info.value)
     assert "train.dynamic_sampling_max_draws=0" in message and "\n" not in message
+
+
+# ------------------------------------------------------------------- the trainer's composed round, TRL faked
+
+
+def test_dynamic_samplings_extra_rounds_count_towards_the_adaptive_pass_rates(monkeypatch):
+    """GrpoExpTrainer's one `_generate_and_score_completions` runs the stage mix around dynamic sampling: the passes
+    of every round a batch drew (the all-equal first round and the extra one) reach the pass rates, in one update.
+    TRL's round and rewards are faked; everything else is the trainer's own code."""
+    from trl import GRPOTrainer
+
+    from grpo_exp.training.curriculum.mix import StageMix, StageMixing
+    from grpo_exp.training.rollout.old_logps import OldLogps
+
+    n, local = 2, 4
+    dataset = [{"prompt": f"p{i}", "stage": ("basic", "advanced")[i % 2], "index": i} for i in range(8)]
+    trainer = object.__new__(GrpoExpTrainer)
+    trainer.__dict__.update(
+        model=SimpleNamespace(training=True), num_generations=n, num_iterations=1, _step=0,
+        accelerator=SimpleNamespace(device="cpu", num_processes=1, process_index=0, gather=lambda t: t),
+        args=SimpleNamespace(gradient_accumulation_steps=1, steps_per_generation=1, seed=3),
+        state=SimpleNamespace(global_step=0), train_dataset=dataset, _metrics={"train": defaultdict(list)},
+        reward_func_names=["correctness"], reward_weights=torch.tensor([1.0]), scale_rewards="group",
+        multi_objective_aggregation="sum_then_normalize", _tokenizer=SimpleNamespace(pad_token_id=-1),
+        use_vllm=False, vllm_importance_sampling_correction=False)
+    trainer._log_completion_extra = lambda column, values: None
+    trainer.round_guard = RoundGuard("skip")
+    trainer.dynamic_sampling = dynamic_sampling.DynamicSampling(2)
+    mix = StageMix(["basic", "advanced"], (0.2, 0.8), 0.0, 0.1, 0.1)
+    trainer.stage_mixing = StageMixing(trainer, ["basic", "advanced"], mix)
+    trainer.old_logps = OldLogps(trainer, None, SimpleNamespace(scoring="round"))
+    rounds = []
+
+    def trl_round(self, inputs):
+        rounds.append(inputs)
+        self._calculate_rewards(inputs, None, None, None)  # the trainer's, which hands the rewards on
+        ids = torch.tensor([x["index"] for x in inputs])[:, None]
+        return {"prompt_ids": ids, "prompt_mask": torch.ones_like(ids), "completion_ids": ids,
+                "completion_mask": torch.ones_like(ids), "advantages": torch.zeros(local),
+                "num_items_in_batch": torch.tensor(local)}
+
+    def calculate(self, inputs, prompts, completions, ids):
+        # the first round: every completion fails (its groups all equal); the extra one: one pass in each group
+        return torch.zeros(local, 1) if not rounds[1:] else torch.tensor([1.0, 0.0, 1.0, 0.0])[:, None]
+
+    updates = []
+    update = StageMix.update
+    monkeypatch.setattr(StageMix, "update", lambda self, r, passed, scored: updates.append((r, passed, scored))
+                        or update(self, r, passed, scored))
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", trl_round)
+    monkeypatch.setattr(GRPOTrainer, "_calculate_rewards", calculate)
+    first = [dataset[i // n] for i in range(local)]  # prompts 0 and 1, twice each
+    batch = trainer._generate_and_score_completions(first)
+    assert len(rounds) == 2 and trainer._metrics["train"]["dynamic_sampling/draws"] == [1.0]
+    assert batch["completion_mask"].sum() == local  # both groups of the extra round train
+    # one update for the batch, holding both rounds' completions (8 scored) and the extra round's 2 passes
+    assert len(updates) == 1 and updates[0][0] == 0
+    assert sum(updates[0][2]) == 2 * local and sum(updates[0][1]) == 2

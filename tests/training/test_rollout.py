@@ -846,20 +846,18 @@ def scored_round(tmp_path, scoring: str, extra=()):
     """One round of two steps: (trainer, the round's batches after training, the rows of each no-grad scoring)."""
     scorings = []
     cfg = compose_cfg([*FAST, *BF16_COPY, *extra], tmp_path)
-    import grpo_exp.training.trainer as trainer_module
+    from grpo_exp.training import scoring as scoring_module
 
-    original = trainer_module.GrpoExpTrainer._forward  # the forward itself (a deferred scoring runs none)
+    original = scoring_module.forward  # the forward itself (a deferred scoring runs none)
 
-    def counting(self, model, input_ids, *a, **kw):
-        if not torch.is_grad_enabled() and model is self.model:  # the policy's, not the reference model's
+    def counting(trainer, trl_forward, model, input_ids, *a, **kw):
+        if not torch.is_grad_enabled() and model is trainer.model:  # the policy's, not the reference model's
             scorings.append(input_ids.size(0))
-        return original(self, model, input_ids, *a, **kw)
+        return original(trainer, trl_forward, model, input_ids, *a, **kw)
 
-    trainer_module.GrpoExpTrainer._forward = counting
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scoring_module, "forward", counting)
         trainer, seen, losses, moved = train_briefly(cfg, scoring=scoring)
-    finally:
-        trainer_module.GrpoExpTrainer._forward = original
     assert moved and all(math.isfinite(x) for x in losses)
     return trainer, trainer._buffered_inputs, scorings
 
@@ -900,5 +898,5 @@ def test_rounds_that_do_not_line_up_with_optimizer_steps_are_scored_whole(tmp_pa
     cfg = compose_cfg([*FAST, *BF16_COPY, "train.steps_per_generation=3",
                        "train.gradient_accumulation_steps=2", "train.max_steps=1"], tmp_path)
     trainer, seen, losses, moved = train_briefly(cfg)
-    assert not trainer.score_by_batch and moved
+    assert not trainer.old_logps.by_batch and moved
     assert all("importance_sampling_ratio" in b for b in seen)

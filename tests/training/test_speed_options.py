@@ -146,7 +146,7 @@ def test_shared_prefix_step_matches_trls_own_forward(tmp_path, monkeypatch):
     monkeypatch.setattr(shared_prefix, "completion_logps", counting)
     on = one_run(tmp_path / "on", [])
     off = one_run(tmp_path / "off", [], {"shared_prefix": False})
-    assert on[1].share_prefixes and not off[1].share_prefixes
+    assert on[1].speed_plan.shared_prefix and not off[1].speed_plan.shared_prefix
     assert used and all(used), "the default path did not share the prompts"
     first_on, first_off = on[1].state.log_history[0], off[1].state.log_history[0]
     assert first_on["completions/mean_length"] == first_off["completions/mean_length"]

@@ -1,7 +1,7 @@
 """TRL's (and transformers', accelerate's) private hooks that grpo-exp overrides, calls by name or reads, pinned to
 the release they were read in, so that an upgrade that changes one fails here, loudly, instead of in a run.
 
-Why: GrpoExpTrainer (training/trainer.py) and its DynamicSampling mixin override private methods of TRL's
+Why: GrpoExpTrainer (training/trainer.py) overrides private methods of TRL's
 GRPOTrainer and of HF's Trainer, call others by name and read their private state. An upgrade that renames an
 overridden method makes Python silently stop calling the override (the run still trains, without what it added);
 one that changes a method's body may break what an override assumes about it (when it scores, what a round's
@@ -10,8 +10,8 @@ output holds, which counter counts what).
 tests/data/trl_hooks.json records, for each hook below, the package versions it was read from, the class that
 defines it, its signature and a SHA-256 of its source (comments, docstrings and layout left out, so a reformatted
 release does not fail). The tests fail naming the hook, what changed (gone, moved to another class, signature,
-body) and what to re-check in grpo-exp. Three more tests keep the list complete: every method GrpoExpTrainer,
-DynamicSampling and EpochSeededSampler override is listed, every private name of TRL's that the trainer-facing
+body) and what to re-check in grpo-exp. Three more tests keep the list complete: every method GrpoExpTrainer
+and EpochSeededSampler override is listed, every private name of TRL's that the trainer-facing
 modules use is listed, and none of grpo-exp's own names shadows one of TRL's.
 
 After an upgrade: read each failing hook's new source against its re-check note, adapt grpo-exp, then re-record
@@ -79,45 +79,48 @@ class Attribute:
 HOOKS = [
     Hook(GRPO, "_get_per_token_logps_and_entropies", "override", "training/trainer.py",
          "every scoring forward must still pass here (old, reference and training log-probs) and return "
-         "(logps, entropies, aux_loss): _scored's sampler log-probs, the shared-prefix forward, lean saved tensors, "
-         "the mismatch measured on the training forward, analysis/bench/child.py's timing"),
+         "(logps, entropies, aux_loss): OldLogps.stand_in's sampler log-probs, training/scoring.py's shared-prefix "
+         "forward and lean saved tensors, the mismatch measured on the training forward (OldLogps.after_forward), "
+         "analysis/bench/child.py's timing"),
     Hook(GRPO, "_generate_and_score_completions", "override", "training/trainer.py, training/dynamic_sampling.py",
          "the round's output keys (old_per_token_logps, sampling_per_token_logps, importance_sampling_ratio, "
          "advantages, num_items_in_batch: dynamic_sampling's _RIGHT/_LEFT/_RECOMPUTED), the advantage formula "
          "dynamic_sampling.advantages restates, that it reads vllm_importance_sampling_correction once per round "
          "(the deferred scoring toggles it) and calls _calculate_rewards once"),
-    Hook(GRPO, "_calculate_rewards", "override", "training/dynamic_sampling.py",
+    Hook(GRPO, "_calculate_rewards", "override", "training/trainer.py",
          "it must still return the gathered [completions of every process, reward functions] tensor that "
-         "DynamicSampling keeps as _round_rewards"),
+         "DynamicSampling.observe keeps as the round's rewards and StageMixing.observe counts passes in"),
     Hook(GRPO, "_prepare_inputs", "override", "training/trainer.py, training/guards.py",
-         "when a new round is generated (guards.start_round restates `_step % generate_every == 0 or "
+         "when a new round is generated (RoundGuard.start_round restates `_step % generate_every == 0 or "
          "_buffered_inputs is None`) and that _buffered_inputs holds the round's batches in step order "
-         "(_score_round)"),
+         "(OldLogps.score_round)"),
     Hook(GRPO, "_get_train_sampler", "override", "training/trainer.py",
          "it must still return a RepeatSampler, whose class EpochSeededSampler replaces in place"),
-    Hook(GRPO, "_save_checkpoint", "override", "training/trainer.py",
+    Hook(GRPO, "_save_checkpoint", "override", "training/trainer.py, training/atomic_save.py",
          "the staging directory: everything TRL writes must go under args.output_dir or _get_output_dir (both are "
          "pointed at the staging area) so that the rename publishes a complete checkpoint"),
-    Hook(TRAINER, "_save_checkpoint", "relied on", "training/trainer.py",
+    Hook(TRAINER, "_save_checkpoint", "relied on", "training/atomic_save.py",
          "as TRL's _save_checkpoint: every file under the output_dir the override redirects, rotation left to "
          "the override (it rotates after publishing)"),
     Hook(GRPO, "compute_loss", "override", "training/trainer.py",
          "it must still score the batch through _get_per_token_logps_and_entropies once with grad on (the "
          "mismatch and the by-batch old log-probs are taken there) and reject return_outputs"),
     Hook(GRPO, "_compute_loss", "relied on", "training/trainer.py",
-         "its use of old_per_token_logps and importance_sampling_ratio (_weigh sets them per batch) and its one "
+         "its use of old_per_token_logps and importance_sampling_ratio (OldLogps.weigh sets them per batch) and its one "
          "training forward per batch"),
-    Hook(GRPO, "log", "override", "training/trainer.py",
-         "the _logs keys _write_completions reads (prompt, completion, rewards, advantages) and when TRL clears them"),
-    Hook(GRPO, "training_step", "relied on", "training/guards.py, training/trainer.py",
-         "that _step counts micro-batches (guards.start_round, _score_round's on-policy batches)"),
+    Hook(GRPO, "log", "override", "training/trainer.py, training/completions_log.py",
+         "the _logs keys CompletionsSample reads (prompt, completion, rewards, advantages) and when TRL clears them"),
+    Hook(GRPO, "training_step", "relied on", "training/guards.py, training/rollout/old_logps.py",
+         "that _step counts micro-batches (RoundGuard.start_round, OldLogps.score_round's on-policy batches)"),
     Hook(GRPO, "_generate", "called", "training/rollout/trl_hook.py, analysis/bench/child.py",
          "the rollout_func contract (prompts in, prompt_ids/completion_ids/logprobs out), the vLLM weight sync "
          "enable_is_correction stubs (use_vllm, _last_loaded_step, vllm_generation.sync_weights), the bench's "
          "generation timing"),
     Hook(GRPO, "_tokenize_prompts", "called", "training/rollout/trl_hook.py",
          "it must still return (prompt_ids, images, multimodal fields) tokenized as TRL's own generate gets them"),
-    Hook(GRPO, "_get_output_dir", "called", "training/trainer.py",
+    Hook(GRPO, "_log_completion_extra", "called", "training/curriculum/mix.py",
+         "it must still add a column beside the logged completions (_logs['extra'], completions.jsonl's stage)"),
+    Hook(GRPO, "_get_output_dir", "called", "training/atomic_save.py",
          "the run directory the checkpoint override stages and publishes into"),
     Hook(GRPO, "_load_from_checkpoint", "called", "training/stage.py",
          "a finished run's resume loads the checkpoint's weights through it without training"),
@@ -128,12 +131,14 @@ HOOKS = [
 ]
 
 ATTRIBUTES = [
-    Attribute(GRPO, "_step", "training/guards.py, training/trainer.py", "micro-batches trained so far (training_step)"),
-    Attribute(GRPO, "_buffered_inputs", "training/guards.py, training/trainer.py",
+    Attribute(GRPO, "_step", "training/guards.py, training/rollout/old_logps.py, training/curriculum/mix.py",
+              "micro-batches trained so far (training_step)"),
+    Attribute(GRPO, "_buffered_inputs", "training/guards.py, training/rollout/old_logps.py",
               "the round's batches, None before the first round and after a resume (_prepare_inputs)"),
-    Attribute(GRPO, "_metrics", "training/trainer.py, training/dynamic_sampling.py",
+    Attribute(GRPO, "_metrics", "training/trainer.py, training/dynamic_sampling.py, training/rollout/old_logps.py, "
+              "training/curriculum/mix.py",
               "a {'train'|'eval': {key: list}} that log averages"),
-    Attribute(GRPO, "_logs", "training/trainer.py", "the prompt/completion/rewards/advantages deques log writes"),
+    Attribute(GRPO, "_logs", "training/completions_log.py", "the prompt/completion/rewards/advantages deques log writes"),
     Attribute(GRPO, "_tokenizer", "training/dynamic_sampling.py, training/rollout/trl_hook.py",
               "the text tokenizer (a processor's, for a VLM): its pad_token_id"),
     Attribute(GRPO, "_is_vlm", "training/rollout/trl_hook.py", "the engine declines vision-language models"),
@@ -159,6 +164,9 @@ ATTRIBUTES = [
 # modules whose `self`/`trainer`/`optimizer`/super() name TRL's objects; every private name of TRL's they use is listed
 TRAINER_FACING = ["grpo_exp/training/trainer.py", "grpo_exp/training/dynamic_sampling.py",
                   "grpo_exp/training/guards.py", "grpo_exp/training/rollout/trl_hook.py",
+                  "grpo_exp/training/rollout/old_logps.py", "grpo_exp/training/curriculum/mix.py",
+                  "grpo_exp/training/scoring.py", "grpo_exp/training/atomic_save.py",
+                  "grpo_exp/training/completions_log.py", "grpo_exp/training/plan_fit.py",
                   "grpo_exp/training/stage.py", "grpo_exp/analysis/bench/child.py"]
 
 
@@ -323,11 +331,10 @@ def test_every_override_is_listed():
     from trl import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
 
-    from grpo_exp.training.dynamic_sampling import DynamicSampling
     from grpo_exp.training.trainer import EpochSeededSampler, GrpoExpTrainer
 
     listed = {(h.cls, h.name) for h in HOOKS if h.kind == "override"}
-    found = {(GRPO, n) for n in overridden(GrpoExpTrainer, GRPOTrainer) | overridden(DynamicSampling, GRPOTrainer)}
+    found = {(GRPO, n) for n in overridden(GrpoExpTrainer, GRPOTrainer)}
     found |= {(SAMPLER, n) for n in overridden(EpochSeededSampler, RepeatSampler)}
     assert found == listed, (f"overrides not listed: {sorted(found - listed)}; listed but not overridden: "
                              f"{sorted(listed - found)} (tests/training/test_trl_hooks.py, HOOKS)")
@@ -379,13 +386,13 @@ def test_every_private_name_of_trls_used_is_listed():
 
 
 def test_grpo_exps_own_names_do_not_shadow_trls():
-    """What GrpoExpTrainer and DynamicSampling add (methods, attributes they assign) must not be names TRL already
-    uses: an upgrade adding `self.skipped_steps` to GRPOTrainer, say, would be overwritten by ours, or overwrite it."""
-    from grpo_exp.training.dynamic_sampling import DynamicSampling
+    """What GrpoExpTrainer adds (methods, attributes it assigns) must not be names TRL already uses: an upgrade
+    adding `self.skipped_steps` to GRPOTrainer, say, would be overwritten by ours, or overwrite it. (Its parts, such
+    as DynamicSampling, are objects of their own beside the trainer: their names cannot shadow TRL's.)"""
     from grpo_exp.training.trainer import GrpoExpTrainer
 
     ours: set[str] = set()
-    for cls in (GrpoExpTrainer, DynamicSampling):
+    for cls in (GrpoExpTrainer,):
         ours |= {n for n in vars(cls) if not n.startswith("__")}
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
@@ -406,7 +413,7 @@ def test_a_tampered_record_is_caught_naming_the_hook_and_the_change():
     tampered["hooks"][hook.key]["source_sha256"] = "0" * 64
     message = hook_changes(hook, tampered)
     assert message and "GRPOTrainer._calculate_rewards" in message and "body changed" in message
-    assert "_round_rewards" in message and RERECORD in message  # what to re-check, and how to re-record
+    assert "DynamicSampling.observe" in message and RERECORD in message  # what to re-check, and how to re-record
     tampered["hooks"][hook.key]["signature"] = "(self, inputs)"
     assert "signature changed: (self, inputs) -> (self, inputs, prompts" in hook_changes(hook, tampered)
     attribute = next(a for a in ATTRIBUTES if a.name == "_buffered_inputs")

@@ -66,7 +66,7 @@ def test_speed_generation_vllm_hands_trl_a_colocated_vllm_and_builds_no_engine(t
     # the speed config's correction, not TRL's defaults (sequence_mask)
     assert trainer.vllm_importance_sampling_correction and trainer.vllm_importance_sampling_mode == "token_truncate"
     assert (trainer.speed_plan.generation, trainer.speed_plan.vllm_memory) == ("vllm", 0.25)
-    assert not trainer.score_by_batch  # the deferred scoring is the engine's alone
+    assert not trainer.old_logps.by_batch  # the deferred scoring is the engine's alone
     with pytest.raises(RuntimeError, match="cannot run beside TRL's own vLLM"):
         trl_hook.enable_is_correction(trainer)
     assert isinstance(trainer.vllm_generation, StubVLLM)

@@ -190,7 +190,6 @@ def child_main(spec_path: Path) -> int:
     env_at_start = {k: os.environ.get(k) for k in env_names}
     import torch
 
-    from grpo_exp.base.cpu import resolve_precision
     from grpo_exp.config.checks import validate
     from grpo_exp.config.recipe import generation_batch
     from grpo_exp.core import models
@@ -243,7 +242,7 @@ def child_main(spec_path: Path) -> int:
         "bf16": bool(a.bf16), "gradient_checkpointing": bool(a.gradient_checkpointing),
         "steps_per_generation": a.steps_per_generation, "generation_batch_size": a.generation_batch_size,
         "cache_implementation": a.cache_implementation, "threads": threads["threads"],
-        "precision": resolve_precision(cfg.train.precision) if ours else ("bf16" if a.bf16 else "fp32"),
+        "precision": "bf16" if a.bf16 else "fp32",  # ours: the speed plan's precision, which set bf16
         "learning_rate": a.learning_rate, "num_generations": a.num_generations,
         "per_device_train_batch_size": a.per_device_train_batch_size,
         "max_completion_length": a.max_completion_length,
@@ -255,7 +254,7 @@ def child_main(spec_path: Path) -> int:
         "rollout_copy": getattr(getattr(trainer, "rollout_engine", None), "label", None),
         "rollout_packed": bool(getattr(getattr(trainer, "rollout_engine", None), "packed", None)),
         "fixed_length": bool(generation_kwargs),
-        "shared_prefix": bool(getattr(trainer, "share_prefixes", False)),
+        "shared_prefix": bool(getattr(getattr(trainer, "speed_plan", None), "shared_prefix", False)),
         "attention": getattr(parts.model.config, "_attn_implementation", None),
         # peft=lora: the adapter rank and how many parameters train (the optimizer state scales with them)
         "peft": f"lora r={cfg.peft.r}" if ours and cfg.peft.name == "lora" else "none",

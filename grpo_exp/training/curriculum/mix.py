@@ -168,67 +168,68 @@ def pass_column(names: list[str]) -> int:
 
 
 class StageMixing:
-    """GrpoExpTrainer's part for a training set that mixes stages (its `stage` column): the mix logged per round,
-    the stage kept with each completion, and, with a StageMix (adaptive), its pass rates updated after each round,
-    its sampler, and its state in checkpoints. Reads TRL's `_metrics`, `_log_completion_extra`, `_step` and
-    `reward_func_names`, which a TRL upgrade may rename."""
+    """GrpoExpTrainer's part for a training set that mixes stages (its `stage` column), one per trainer: the mix
+    logged per round, the stage kept with each completion, and, with a StageMix (adaptive), its pass rates updated
+    after each round (`count_round` around the round's generation, dynamic sampling's extra rounds included), its
+    state in checkpoints. Reads TRL's `_metrics`, `_log_completion_extra`, `_step` and `reward_func_names`, which a
+    TRL upgrade may rename."""
 
-    mix_stages: list[str] | None = None  # the stages mixed, in the order of their figures; None: one stage
-    stage_mix: StageMix | None = None  # the adaptive curriculum's state; None: no adaptive sampler
-    _mix_counts: torch.Tensor | None = None  # the round being generated: [passed, scored] per stage
+    def __init__(self, trainer, mix_stages: list[str] | None, stage_mix: StageMix | None):
+        self.trainer = trainer
+        self.mix_stages = mix_stages  # the stages mixed, in the order of their figures; None: one stage
+        self.stage_mix = stage_mix  # the adaptive curriculum's state; None: no adaptive sampler
+        self.counts: torch.Tensor | None = None  # the round being generated: [passed, scored] per stage
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if self.mix_stages and self.model.training and inputs and "stage" in inputs[0]:
-            self._observe_stages(inputs, rewards)
-        return rewards
-
-    def _observe_stages(self, inputs: list[dict], rewards: torch.Tensor) -> None:
-        """The round's stage shares over every process (a collective: every process gets here alike) and, adaptive,
-        its passes per stage."""
+    def observe(self, inputs: list[dict], rewards: torch.Tensor) -> None:
+        """A round's gathered rewards (TRL's `_calculate_rewards`): its stage shares over every process (a
+        collective: every process gets here alike) and, adaptive, its passes per stage."""
+        trainer = self.trainer
+        if not (self.mix_stages and trainer.model.training and inputs and "stage" in inputs[0]):
+            return
         order = {name: i for i, name in enumerate(self.mix_stages)}
-        local = torch.tensor([order[x["stage"]] for x in inputs], device=self.accelerator.device)
-        ids = self.accelerator.gather(local).cpu()
+        local = torch.tensor([order[x["stage"]] for x in inputs], device=trainer.accelerator.device)
+        ids = trainer.accelerator.gather(local).cpu()
         counts = torch.bincount(ids, minlength=len(self.mix_stages)).float()
         for name, count in zip(self.mix_stages, counts.tolist()):
-            self._metrics["train"][f"curriculum/mix/{name}"].append(count / max(float(counts.sum()), 1.0))
-        self._log_completion_extra("stage", [x["stage"] for x in inputs])  # completions.jsonl's `stage`
-        if self._mix_counts is not None:
-            values = rewards[:, pass_column(list(self.reward_func_names))].detach().cpu()
+            trainer._metrics["train"][f"curriculum/mix/{name}"].append(count / max(float(counts.sum()), 1.0))
+        trainer._log_completion_extra("stage", [x["stage"] for x in inputs])  # completions.jsonl's `stage`
+        if self.counts is not None:
+            values = rewards[:, pass_column(list(trainer.reward_func_names))].detach().cpu()
             scored = ~torch.isnan(values)
             passed = scored & (values >= 0.5)
             for s in range(len(self.mix_stages)):
-                self._mix_counts[0, s] += float((passed & (ids == s)).sum())
-                self._mix_counts[1, s] += float((scored & (ids == s)).sum())
+                self.counts[0, s] += float((passed & (ids == s)).sum())
+                self.counts[1, s] += float((scored & (ids == s)).sum())
 
-    def _generate_and_score_completions(self, inputs):
-        if self.stage_mix is None or not self.model.training:
-            return super()._generate_and_score_completions(inputs)
-        self._mix_counts = torch.zeros(2, len(self.mix_stages))
-        try:  # dynamic sampling's extra rounds, generated below, count towards this round's passes
-            output = super()._generate_and_score_completions(inputs)
-            counts = self._mix_counts
+    def count_round(self, generate, inputs: list[dict]) -> dict:
+        """`generate(inputs)` (a training round, with dynamic sampling's extra rounds), its passes folded into the
+        pass rates afterwards."""
+        self.counts = torch.zeros(2, len(self.mix_stages))
+        try:  # dynamic sampling's extra rounds, generated inside, count towards this round's passes
+            output = generate(inputs)
+            counts = self.counts
         finally:
-            self._mix_counts = None
+            self.counts = None
         self.stage_mix.update(self.generation_round(), counts[0].tolist(), counts[1].tolist())
         for name, rate in zip(self.stage_mix.stages, self.stage_mix.pass_rate):
             if rate is not None:
-                self._metrics["train"][f"curriculum/pass_rate/{name}"].append(rate)
+                self.trainer._metrics["train"][f"curriculum/pass_rate/{name}"].append(rate)
         return output
 
     def generation_round(self) -> int:
         """The round being generated, counted from the run's start: optimizer steps and this step's micro-batches
         (TRL's `_step` restarts at 0 on resume, at a step boundary) over the batches a round feeds. Exact while each
         epoch's batches are a multiple of gradient_accumulation_steps (always with 1, the default)."""
-        accumulation = self.args.gradient_accumulation_steps
-        per_round = self.args.steps_per_generation * self.num_iterations
-        return (self.state.global_step * accumulation + self._step % accumulation) // per_round
+        trainer = self.trainer
+        accumulation = trainer.args.gradient_accumulation_steps
+        per_round = trainer.args.steps_per_generation * trainer.num_iterations
+        return (trainer.state.global_step * accumulation + trainer._step % accumulation) // per_round
 
-    def mix_state(self) -> dict:
+    def state(self) -> dict:
         """The adaptive curriculum's part of a checkpoint's run state."""
         return {STATE_KEY: self.stage_mix.state_dict()} if self.stage_mix is not None else {}
 
-    def restore_mix(self, checkpoint: Path, state_file: str) -> None:
+    def restore(self, checkpoint: Path, state_file: str) -> None:
         """Put back the pass rates a checkpoint saved (before training resumes from it)."""
         if self.stage_mix is None:
             return

@@ -10,36 +10,33 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+from transformers import ProcessorMixin
 
 from grpo_exp.base import log
-from grpo_exp.config.speed import IS_MODES, SpeedPlan
+from grpo_exp.config.speed import IS_MODES, SpeedPlan, engine_declined
 from grpo_exp.training.rollout.engine import RolloutEngine, model_unsupported_reason
 
 logger = log.get_logger(__name__)
 
 
-def unsupported_reason(trainer) -> str | None:
-    """Why the engine cannot serve this trainer (None when it can); TRL's generation then runs."""
-    model = trainer.model
-    args = trainer.args
+def model_declined(model, processing_class=None) -> str | None:
+    """What the loaded model rules out for the engine (None when it can serve it); the settings' own reasons
+    (peft, TRL's generation settings) are config/speed.engine_declined's, which the plan already took."""
     if hasattr(model, "get_base_model") or hasattr(model, "peft_config"):
         return "a PEFT model (the rollout copy would need the adapter merged)"
-    if getattr(trainer, "_is_vlm", False):
+    if isinstance(processing_class, ProcessorMixin):  # TRL's own test for a vision-language model
         return "a vision-language model"
-    if getattr(trainer, "tools", None) or getattr(trainer, "environment_factories", None) is not None:
-        return "tools or environments"
-    if args.use_vllm or getattr(args, "use_transformers_continuous_batching", False):
-        return "use_vllm or continuous batching (another generation backend)"
-    if trainer.repetition_penalty != 1.0:
-        return f"repetition_penalty={trainer.repetition_penalty}"
-    if trainer.min_p is not None:
-        return f"min_p={trainer.min_p}"
-    unhonoured = set(args.generation_kwargs or {}) - {"min_new_tokens"}  # the one generate setting it honours
-    if unhonoured:
-        return f"generation_kwargs {sorted(unhonoured)}"
     if getattr(model.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
     return model_unsupported_reason(model)
+
+
+def unsupported_reason(trainer) -> str | None:
+    """Why the engine cannot serve this trainer (None when it can): its settings, tools, or its model."""
+    if getattr(trainer, "tools", None) or getattr(trainer, "environment_factories", None) is not None:
+        return "tools or environments"
+    return (engine_declined(trainer.args) or model_declined(trainer.model, getattr(trainer, "processing_class", None))
+            or ("a vision-language model" if getattr(trainer, "_is_vlm", False) else None))
 
 
 def rollout_func(engine: RolloutEngine):
@@ -81,13 +78,13 @@ def enable_is_correction(trainer) -> None:
     trainer.vllm_generation = SimpleNamespace(sync_weights=lambda: None)
 
 
-def build_engine(trainer, plan: SpeedPlan) -> RolloutEngine | None:
-    """The engine for a plan with `generation=engine`, wired into the trainer; None (TRL's path) with the reason
-    logged when it cannot serve this trainer."""
+def build_engine(trainer, plan: SpeedPlan) -> RolloutEngine:
+    """The engine for a plan with `generation=engine` (fitted to this model: training/plan_fit), wired into the
+    trainer."""
     why = unsupported_reason(trainer)
-    if why:
-        logger.warning("speed.generation: the rollout engine is not used for %s; TRL's generation runs", why)
-        return None
+    if why:  # the plan was fitted to these settings and this model: a case plan_fit does not know
+        raise RuntimeError(f"the speed plan says generation=engine but the engine cannot serve {why}; "
+                           f"training/plan_fit.fit should have fitted the plan to it")
     engine = RolloutEngine(
         trainer.model, dtype=plan.weight_dtype(), autocast=plan.rollout_dtype == "autocast",
         compile=plan.rollout_compile, prepack=plan.rollout_prepack,
