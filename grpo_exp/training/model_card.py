@@ -20,6 +20,7 @@ from grpo_exp.base.io import write_text
 from grpo_exp.base.run_files import BEFORE_AFTER_TABLE_FILE, METRICS_FILE, SPEED_PLAN_FILE
 from grpo_exp.base.text import markdown_table
 from grpo_exp.config.recorded import run_config
+from grpo_exp.training.curriculum.describe import trained_on
 
 CARD_FILE = "README.md"
 TAGS = ("grpo", "trl", "grpo-exp")
@@ -114,6 +115,9 @@ def card_text(cfg, run_dir: str | Path, *, adapter: bool = False, steps: int | N
     lines += [f"{what} {start}, trained with GRPO by grpo-exp (a Hydra-configured GRPO framework on "
               f"[TRL](https://github.com/huggingface/trl)) on the `{cfg.stage.name}` stage: {where}; "
               f"{trained}."]
+    mixed = trained_on(cfg)
+    if mixed:
+        lines += ["", f"Its training prompts: {mixed}."]
     if cfg.get("init_from"):
         lines += ["", f"It continues the run `{cfg.init_from}` (an earlier stage), not the base model itself."]
     if adapter:

@@ -24,6 +24,7 @@ from grpo_exp.base.run_files import SETTINGS_FILE, SPEED_PLAN_FILE
 from grpo_exp.config.recorded import run_config
 from grpo_exp.config.schema import TrainConfig
 from grpo_exp.config.speed import SpeedConfig, SpeedPlan, resolve
+from grpo_exp.training.curriculum.describe import trained_on
 from grpo_exp.training.model_card import base_model
 
 RESOLVED = "resolved."
@@ -263,7 +264,14 @@ def cannot_express(export: Export) -> list[str]:
         lines.append(f"dynamic sampling: the run refilled groups whose completions were all right or all wrong from "
                      f"extra generation rounds (DAPO's filter_groups, train.dynamic_sampling, at most "
                      f"{train.dynamic_sampling_max_draws} extra rounds a step); TRL's GRPOTrainer has no such option")
-    if export.curriculum is not None:
+    mixed = trained_on(cfg)
+    if cfg.curriculum.mode == "adaptive":
+        lines.append(f"training data: {mixed}; TRL samples a fixed dataset: a dataset of these stages' prompts is the "
+                     f"nearest, without the pass-rate weights")
+    elif mixed:
+        lines.append(f"training data: {mixed}; TRL trains on the dataset it is given: build that mixed dataset "
+                     f"(grpo-data writes each stage's split) and keep a `stage` column for the rewards")
+    if export.curriculum is not None and cfg.curriculum.mode != "adaptive":
         lines.append(f"curriculum: this is the {cfg.stage.name} stage of the curriculum {export.curriculum}; TRL "
                      f"trains one stage: export each stage and run them in order, each from the previous one's output")
     if plan.generation == "engine":

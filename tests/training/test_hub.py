@@ -240,3 +240,21 @@ def test_a_curriculum_pushes_its_last_stage_only(tmp_path):
     last = stage_overrides(user, "advanced", tmp_path / "3_advanced", str(tmp_path / "2"), push=True)
     assert "push_to_hub=false" in first and "push_to_hub=true" not in first
     assert "push_to_hub=true" in last and "hub_model_id=me/c" in last
+
+
+def test_the_card_of_a_replay_stage_says_which_prompts_it_trained_on(tmp_path):
+    run = fake_run(tmp_path)
+    cfg = compose_cfg(["debug=smoke", "stage=intermediate", "curriculum.replay=0.2", "curriculum.replay_from=[basic]"],
+                      run)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    write_cards(run)
+    text = (run / "model" / "README.md").read_text()
+    assert ("Its training prompts: the intermediate stage's training set with 20% of its prompts replayed from the "
+            "earlier stages' training sets (basic; curriculum.replay=0.2)") in text
+    plain = fake_run(tmp_path / "plain")
+    cfg = compose_cfg(["debug=smoke"], plain)
+    (plain / ".hydra").mkdir()
+    OmegaConf.save(cfg, plain / ".hydra" / "config.yaml")
+    write_cards(plain)
+    assert "Its training prompts" not in (plain / "model" / "README.md").read_text()

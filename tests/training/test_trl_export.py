@@ -281,3 +281,22 @@ def test_a_trained_run_exports_the_args_its_trainer_saved(tmp_path):
     script, parsed, model, _ = make_parser().parse_args_and_config(["--config", str(out)])
     assert differences(saved, parsed) == {}
     assert parsed.max_steps == 2 and parsed.num_generations == 2 and parsed.report_to == []
+
+
+def test_replay_and_adaptive_runs_say_what_they_trained_on(tmp_path):
+    """A replay stage's prompts include the earlier stages' (curriculum.replay), and an adaptive run trains every
+    stage at once: neither is 'one stage, export each and run them in order'."""
+    run, _ = recorded_run(tmp_path, ["debug=smoke", "stage=intermediate", "curriculum.replay=0.1",
+                                     "curriculum.replay_from=[basic]"])
+    comments = comment_text(trl_export.to_yaml(trl_export.build(run)))
+    assert ("training data: the intermediate stage's training set with 10% of its prompts replayed from the earlier "
+            "stages' training sets (basic; curriculum.replay=0.1)") in comments
+    root, cfg = recorded_run(tmp_path, ["debug=smoke", "curriculum=adaptive"], name="adaptive_run")
+    stage = root / "adaptive"
+    stage.mkdir()
+    (stage / "training_settings.json").write_text(json.dumps(training_settings(cfg), default=str))
+    (stage / "speed_plan.json").write_text((root / "speed_plan.json").read_text())
+    comments = comment_text(trl_export.to_yaml(trl_export.build(stage)))
+    assert "training data: the adaptive curriculum: one run of" in comments
+    assert "over the training sets of basic, intermediate at once" in comments
+    assert "export each stage and run them in order" not in comments
