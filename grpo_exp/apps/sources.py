@@ -9,13 +9,16 @@ import sys
 
 from grpo_exp.base.errors import ConfigError
 
+DESCRIPTION = ("Print every value of the config that grpo_exp.train (or grpo_exp.evaluate) composes from these "
+               "overrides, with where it came from: the conf/ file that set it last, the schema's default, or the "
+               "command line.")
 USAGE = "usage: python -m grpo_exp.apps.sources [train|evaluate] [key=value ...] (the command's own overrides)"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
-        print(USAGE)
+        print(f"{USAGE}\n\n{DESCRIPTION}")
         return
     config_name = args.pop(0) if args and args[0] in ("train", "evaluate") else "train"
     from grpo_exp.config.compose import check_overrides

@@ -22,7 +22,8 @@ GETTING_STARTED = ROOT / "docs" / "getting-started.md"
 # module -> the name `--help` shows as the program (the console script where there is one)
 ARGPARSE_TOOLS = {"report": "grpo-report", "export_trl": "grpo-export-trl", "bench": "grpo-bench",
                   "compare": "grpo-compare", "profile": "grpo-profile",
-                  "sampling_gap": "python -m grpo_exp.apps.sampling_gap", "data": "python -m grpo_exp.data"}
+                  "sampling_gap": "python -m grpo_exp.apps.sampling_gap", "data": "python -m grpo_exp.data",
+                  "sources": "python -m grpo_exp.apps.sources"}
 
 
 def tools() -> list[str]:
