@@ -174,8 +174,9 @@ def check_generation(generation: str, device: str | None = None) -> None:
         return
     why = vllm_missing(device or _device())
     if why:
+        runnable = [g for g in GENERATIONS if g != "vllm"]  # the choices that run on this machine
         raise ConfigError(f"speed.generation=vllm needs CUDA and the vllm package; {why}; choose one of: "
-                          f"{', '.join(GENERATIONS)}")
+                          f"{', '.join(runnable)}")
 
 
 def _device() -> str:
