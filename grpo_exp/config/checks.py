@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.recorded import run_config, split_seed
 from grpo_exp.config.schema import GROUPS, CurriculumConfig, RunConfig
-from grpo_exp.config.speed import check_generation
+from grpo_exp.config.speed import check_generation, check_vllm_head
 
 
 def validate(cfg: Any) -> None:
@@ -40,11 +40,30 @@ def _check_speed(cfg: Any) -> None:
     """The speed rules that read the recipe (train.*) or the machine."""
     train, speed = cfg.train, cfg.speed
     check_generation(speed.generation)  # vllm needs CUDA and the vllm package on this machine
+    if speed.generation == "vllm":
+        check_vllm_head(head_width(cfg.model), cfg.model.name)
     # TRL's own rule for importance-corrected rollouts, which it checks only when use_vllm is set
     if (speed.generation in ("engine", "vllm", "auto") and speed.is_correction and train.loss_type == "vespo"
             and not speed.is_mode.startswith("token")):
         raise ConfigError(f"train.loss_type=vespo needs a token-level speed.is_mode (token_truncate or token_mask), "
                           f"not {speed.is_mode}")
+
+
+def head_width(model: Any) -> int | None:
+    """The attention head width of a model, read without loading it: the tiny model's sizes, or a local model
+    directory's config.json; None where it cannot be known yet (a hub id, a packaged GGUF)."""
+    import json
+
+    if model.source == "tiny_random":
+        return model.tiny_hidden // model.tiny_heads
+    config = Path(str(model.get("id") or "")).expanduser() / "config.json"
+    if model.source != "pretrained" or not config.is_file():
+        return None
+    try:
+        values = json.loads(config.read_text())
+        return values.get("head_dim") or values["hidden_size"] // values["num_attention_heads"]
+    except (ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def _check_adaptive(cfg: Any) -> None:

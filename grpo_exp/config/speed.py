@@ -185,12 +185,31 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# Whether speed.generation=auto may pick TRL's colocated vLLM on CUDA: only once its GPU test
+# (tests/training/test_vllm.py, `pytest -m gpu`) has passed on a GPU, recorded with where and when in
+# docs/scale-out.md ("vLLM on a GPU"). Until then auto keeps TRL's generate there, and vllm is an explicit choice.
+VLLM_AUTO = False
+
+# The attention head widths every vLLM attention backend serves (its paged-attention kernels' list; FlashAttention
+# serves more): speed.generation=vllm on a model with another width is refused before the model loads.
+VLLM_HEAD_WIDTHS = (32, 64, 80, 96, 112, 120, 128, 192, 256)
+
+
 def auto_generation(device: str) -> str:
-    """What speed.generation=auto samples with: the engine on a CPU, TRL's vLLM on CUDA where vllm is installed,
-    else TRL's generate."""
+    """What speed.generation=auto samples with: the engine on a CPU; on CUDA TRL's generate (TRL's vLLM once
+    VLLM_AUTO says its GPU test passed, where vllm is installed)."""
     if device != "cuda":
         return "engine"
-    return "vllm" if vllm_missing(device) is None else "trl"
+    return "vllm" if VLLM_AUTO and vllm_missing(device) is None else "trl"
+
+
+def check_vllm_head(head_width: int | None, model_name: str) -> None:
+    """One line for speed.generation=vllm on a model whose attention heads vLLM's backends do not all serve."""
+    if head_width is not None and head_width not in VLLM_HEAD_WIDTHS:
+        widths = ", ".join(map(str, VLLM_HEAD_WIDTHS))
+        raise ConfigError(f"speed.generation=vllm: model {model_name} has {head_width}-wide attention heads, which "
+                          f"vLLM's attention backends do not all serve (widths {widths}); choose "
+                          f"speed.generation=trl or engine")
 
 
 def copy_kind(rollout_dtype: str, native: str) -> str:

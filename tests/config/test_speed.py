@@ -94,6 +94,8 @@ def test_compile_auto_is_where_a_compiler_is(monkeypatch):
 @pytest.mark.parametrize("device,installed,picked", [("cuda", True, "vllm"), ("cuda", False, "trl"),
                                                       ("cpu", True, "engine"), ("cpu", False, "engine")])
 def test_auto_samples_with_vllm_only_where_cuda_and_vllm_both_are(monkeypatch, device, installed, picked):
+    """Once the vLLM GPU test has passed (speed.VLLM_AUTO); until then, below."""
+    monkeypatch.setattr(speed, "VLLM_AUTO", True)
     monkeypatch.setattr(speed, "vllm_installed", lambda: installed)
     plan = plan_of(device=device)
     assert plan.generation == picked
@@ -182,3 +184,29 @@ def test_an_old_override_names_its_new_key():
         with pytest.raises(ConfigError, match=f"train.{old} has moved: set {new} instead"):
             speed.check_moved([f"train.{old}=x"])
     speed.check_moved(["train.max_steps=3", "speed.generation=trl"])  # the keys that stay pass
+
+
+def test_auto_keeps_trls_generate_on_cuda_until_vllms_gpu_test_has_passed(monkeypatch):
+    """vLLM on CUDA has not run on a GPU yet (docs/scale-out.md): auto does not pick it, an explicit vllm stands."""
+    assert speed.VLLM_AUTO is False
+    monkeypatch.setattr(speed, "vllm_installed", lambda: True)
+    assert plan_of(device="cuda").generation == "trl"
+    assert plan_of(device="cuda", generation="vllm").generation == "vllm"
+
+
+def test_vllm_on_a_head_width_it_does_not_serve_is_one_line_before_the_model_loads(monkeypatch, tmp_path):
+    from grpo_exp.config.checks import head_width, validate
+
+    monkeypatch.setattr(speed, "vllm_missing", lambda device: None)  # as on a CUDA machine with vllm
+    cfg = compose_cfg(["debug=smoke", "speed.generation=vllm"], tmp_path)
+    assert head_width(cfg.model) == 16
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert str(info.value).startswith("speed.generation=vllm: model tiny_random has 16-wide attention heads, which "
+                                      "vLLM's attention backends do not all serve (widths 32, 64,")
+    validate(compose_cfg(["debug=smoke", "speed.generation=vllm", "model.tiny_hidden=256",
+                          "model.tiny_intermediate=512"], tmp_path))  # 64-wide heads: served
+    local = tmp_path / "model"
+    local.mkdir()
+    (local / "config.json").write_text('{"hidden_size": 576, "num_attention_heads": 9}')
+    assert head_width(compose_cfg(["model=custom", f"model.id={local}"], tmp_path).model) == 64
