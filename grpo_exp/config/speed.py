@@ -147,6 +147,12 @@ class SpeedPlan:
         """The plan as flat `speed.<field>` keys (the settings record and speed_plan.json)."""
         return {f"speed.{k}": v for k, v in dataclasses.asdict(self).items()}
 
+    def summary(self) -> str:
+        """The plan in a few words, for the one line a run starts with (speed_plan.json holds it whole)."""
+        who = {"engine": f"rollout engine ({self.rollout_dtype} copy{', compiled' if self.rollout_compile else ''})",
+               "trl": "TRL's generate", "vllm": "TRL's vLLM"}[self.generation]
+        return f"{self.precision} on {self.device}, sampling with {who}"
+
     def weight_dtype(self):
         """The torch dtype of the rollout copy's Linear weights: fp32 for the fp32 copy, else bf16."""
         import torch

@@ -325,7 +325,7 @@ def _find_span(rows: int, shapes: list[torch.Tensor], library_of) -> int | None:
         if all(torch.equal(product(x[i], weights, span), expected[i]) for i in range(draws)):
             return span
     # 1-3 fp32 rows take MKL's matrix-vector path, which no span matches: expected, so not a warning there
-    say = logger.info if dtype == torch.float32 and rows < 4 else logger.warning
+    say = logger.debug if dtype == torch.float32 and rows < 4 else logger.warning
     say("small-row products: no span makes the kernel compute the library's %s product of %d rows x %s; its own "
         "product is kept there", str(dtype).replace("torch.", ""), rows, [tuple(w.shape) for w in weights])
     return None

@@ -50,12 +50,12 @@ def fit(plan: SpeedPlan, cfg: Any, model: torch.nn.Module, processing_class: Any
     if plan.shared_prefix:
         why = shared_prefix.unsupported_reason(model) or ("train.extra.cast_lm_head_to_fp32" if head_in_fp32 else None)
         if why:
-            logger.info("shared-prefix scoring off for %s; TRL's own forward scores the batch", why)
+            logger.debug("shared-prefix scoring off for %s; TRL's own forward scores the batch", why)
             changes["shared_prefix"] = False
     if plan.lean_reference:
         why = reference_declined(plan, train, model, head_in_fp32)
         if why:
-            logger.info("lean reference: the KL reference kept as TRL loads it (%s)", why)
+            logger.debug("lean reference: the KL reference kept as TRL loads it (%s)", why)
             changes["lean_reference"] = False
     if plan.embedding_grad and not embedding_grad.supported(shared_prefix.scoring_model(model)):
         changes["embedding_grad"] = False

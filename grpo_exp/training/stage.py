@@ -190,6 +190,8 @@ class StageRun:
                                 report_to=report_to, run_state=run_state, plan=self.plan)
         if main:  # what this run computes with: the resolved speed plan, less what the model forced off
             write_json(self.run_dir / SPEED_PLAN_FILE, trainer.speed_plan.record())
+            logger.info("training %s on %s: %d steps, %s; files in %s", cfg.model.name, cfg.stage.name,
+                        cfg.train.max_steps, trainer.speed_plan.summary(), self.run_dir)
         if cfg.eval.every_steps and main:
             from grpo_exp.training.periodic_eval import held_out_callback
 

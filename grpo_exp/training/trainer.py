@@ -265,14 +265,14 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
     (config/speed.plan_for(cfg), the one the settings record holds; a test may pass a plan of its own to compare two
     of them), fitted here to the model once, before the trainer is built (training/plan_fit.fit)."""
     plan = plan_fit.fit(plan or plan_for(cfg), cfg, parts.model, parts.tokenizer)
-    logger.info("speed plan: %s", ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(plan).items()))
+    logger.debug("speed plan: %s", ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(plan).items()))
     args = grpo_config(cfg.train, Path(output_dir) / "checkpoints", parts.reward_weights, report_to or [], plan)
     policy = shared_prefix.scoring_model(parts.model)  # a peft wrapper's inner model, whose attention runs
-    logger.info("speed.attention=%s: %s", plan.attention,
+    logger.debug("speed.attention=%s: %s", plan.attention,
                 attention.use(policy, plan.attention, plan.attention_decode) or policy.config._attn_implementation)
     # the same gradients, without a vocabulary-sized buffer per lookup (where the input embedding is the tied head)
     if plan.embedding_grad and embedding_grad.install(policy):
-        logger.info("input embedding tied to the LM head: its gradient is taken as the rows its tokens touch")
+        logger.debug("input embedding tied to the LM head: its gradient is taken as the rows its tokens touch")
     return GrpoExpTrainer(
         model=parts.model,
         reward_funcs=parts.reward_funcs,

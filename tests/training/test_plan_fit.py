@@ -92,7 +92,7 @@ def test_what_the_model_rules_out_is_fitted_and_logged(tmp_path, caplog):
     assert plan_fit.fit(plan, cfg, parts.model, parts.tokenizer) == plan  # nothing ruled out
     cast = compose_cfg(["debug=smoke", "train.precision=bf16", "train.beta=0.04",
                         "+train.extra.cast_lm_head_to_fp32=true"], tmp_path)
-    with caplog.at_level("INFO", logger="grpo_exp"):
+    with caplog.at_level("DEBUG", logger="grpo_exp"):  # the fit's reasons are detail, at DEBUG
         fitted = plan_fit.fit(plan_for(cast), cast, parts.model, parts.tokenizer)
     assert not fitted.shared_prefix and not fitted.lean_reference and fitted.embedding_grad
     assert "shared-prefix scoring off for train.extra.cast_lm_head_to_fp32" in caplog.text

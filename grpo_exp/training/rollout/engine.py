@@ -152,12 +152,14 @@ class RolloutEngine:
             self._step = torch.compile(self._own_step(), dynamic=False, backend=backend,
                                        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
             self.compiled = True
-            logger.warning("rollout engine: %s copy of the policy%s, decoding step compiled with torch.compile "
-                           "(inductor); the first round includes compilation", self.label, self._packed_note)
+            logger.debug("rollout engine: %s copy of the policy%s, decoding step compiled with torch.compile "
+                         "(inductor); the first round includes compilation", self.label, self._packed_note)
         else:
             self._step = self._eager_step
-            logger.warning("rollout engine: %s copy of the policy%s, decoding step runs eager (%s)", self.label,
-                           self._packed_note, why)
+            # running eager for lack of a compiler is slower than the user was promised: say so; asked for, not
+            say = logger.warning if "compiler" in str(why) else logger.debug
+            say("rollout engine: %s copy of the policy%s, decoding step runs eager (%s)", self.label,
+                self._packed_note, why)
 
     @property
     def _packed_note(self) -> str:
@@ -447,7 +449,7 @@ class RolloutEngine:
             logits = self._step(token, position, attention, cache)
         self._compiled_once = True
         self.timings["compile_s"] = time.perf_counter() - t0
-        logger.info("rollout engine: decoding step compiled in %.1f s", self.timings["compile_s"])
+        logger.debug("rollout engine: decoding step compiled in %.1f s", self.timings["compile_s"])
         return logits
 
 

@@ -96,7 +96,7 @@ def build_engine(trainer, plan: SpeedPlan) -> RolloutEngine:
     trainer.rollout_func = rollout_func(engine)
     if plan.old_logps == "sampler":
         engine.keep_logps = True
-        logger.info("speed.old_logps=sampler: PPO's old log-probs are the sampler's (%s copy); TRL's scoring "
+        logger.debug("speed.old_logps=sampler: PPO's old log-probs are the sampler's (%s copy); TRL's scoring "
                     "forward over each round is skipped and no importance weights apply", engine.label)
     elif trainer.args.vllm_importance_sampling_correction:
         enable_is_correction(trainer)
