@@ -23,7 +23,8 @@ GETTING_STARTED = ROOT / "docs" / "getting-started.md"
 ARGPARSE_TOOLS = {"report": "grpo-report", "export_trl": "grpo-export-trl", "bench": "grpo-bench",
                   "compare": "grpo-compare", "profile": "grpo-profile",
                   "sampling_gap": "python -m grpo_exp.apps.sampling_gap", "data": "python -m grpo_exp.data",
-                  "sources": "python -m grpo_exp.apps.sources"}
+                  "sources": "python -m grpo_exp.apps.sources",
+                  "run_signals": "python -m grpo_exp.apps.run_signals"}
 
 
 def tools() -> list[str]:
