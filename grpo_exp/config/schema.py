@@ -334,6 +334,16 @@ def _check_ewc(ewc: Any) -> None:
         require(math.isfinite(value) and value >= 0, f"ewc.{key}={value!r} must be a finite number >= 0")
     require(ewc["gamma"] <= 1, f"ewc.gamma={ewc['gamma']!r} must be in [0, 1] (the decay of the old Fisher)")
     require_positive("ewc", ewc, "fisher_samples", "fisher_batch_size")
+    require_choice("ewc.fisher_norm", ewc["fisher_norm"], EWC_FISHER_NORMS)
+    require_choice("ewc.fisher", ewc["fisher"], EWC_FISHERS)
+
+
+# mean: each stage's Fisher divided by its mean over the parameters it covers (mean 1, whatever the completion
+# length and the model: lambda carries across them); none: the raw Fisher, the scale of runs before the option
+EWC_FISHER_NORMS = ("mean", "none")
+# sampled: the diagonal Fisher of the policy's own samples (EWC); uniform: every entry 1, an L2 pull to the
+# previous stage's weights (Anchored Weight Decay, the ablation that shows whether the Fisher matters)
+EWC_FISHERS = ("sampled", "uniform")
 
 
 EwcConfig = _keyword_dataclass("EwcConfig", "Elastic weight consolidation across stages (training/ewc.py).", {
@@ -344,6 +354,8 @@ EwcConfig = _keyword_dataclass("EwcConfig", "Elastic weight consolidation across
     "fisher_max_new_tokens": (Optional[int], None),  # None: the stage's train.max_completion_length
     # the tied embedding/LM head dominates parameter count; left out by default
     "include_embeddings": (bool, False),
+    "fisher_norm": (str, "mean"),  # EWC_FISHER_NORMS; `none` reproduces runs from before the option
+    "fisher": (str, "sampled"),  # EWC_FISHERS; `uniform` skips the Fisher estimate
 }, _check_ewc)
 
 

@@ -14,8 +14,13 @@ In a data-parallel run each process samples and differentiates a share of the se
 batches, seeded as in a single process, so the shares together are the single process's sequences); the
 squared-gradient sums and counts are all-reduced, so every process holds the same estimate.
 
-A stage's EWC state: the one init_from carries in (`carried_state`, or `starting_fisher` for an init_from run
-trained without EWC), and the one it saves at its end (`consolidate_fisher`).
+Each stage's estimate is normalised (`ewc.fisher_norm`, training/fisher_scale.py: by default divided by its mean,
+so lambda means the same at any completion length and for any model) before it is folded in, or replaced by a
+uniform Fisher (`ewc.fisher=uniform`, the Anchored Weight Decay ablation: no sampling). fisher.safetensors
+records both, so a state is only ever mixed with one of its own kind.
+
+A stage's EWC state: the one init_from carries in (`carried_state`, converted to this run's settings, or
+`starting_fisher` for an init_from run trained without EWC), and the one it saves at its end (`consolidate_fisher`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -35,7 +40,7 @@ from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.run_files import FISHER_FILE
 from grpo_exp.config.recorded import run_config
 from grpo_exp.core import data
-from grpo_exp.training import lora
+from grpo_exp.training import fisher_scale, lora
 from grpo_exp.training.sampling import sample_batches
 
 logger = log.get_logger(__name__)
@@ -116,27 +121,37 @@ def sample_sequences(model, tokenizer, prompts: list[list[dict]], *, max_new_tok
 
 @dataclass
 class EwcState:
-    """Accumulated Fisher and the anchor parameters theta* it protects."""
+    """Accumulated Fisher and the anchor parameters theta* it protects.
+
+    `norm`: the normalisation of every stage's part (fisher_scale.NORMS), None for a file from before it was
+    recorded (the raw Fisher); `kind`: `sampled` or `uniform`."""
 
     fisher: dict[str, torch.Tensor]
     anchor: dict[str, torch.Tensor]
     stages: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    norm: str | None = "none"
+    kind: str = "sampled"
 
     def consolidate(self, new_fisher: dict[str, torch.Tensor], new_anchor: dict[str, torch.Tensor], gamma: float,
-                    stage: str) -> "EwcState":
+                    stage: str, norm: str = "none", kind: str = "sampled") -> "EwcState":
         """Online EWC: F <- gamma * F_old + F_new; the anchor moves to the newest stage's parameters.
 
+        Both parts must be of one normalisation and kind (`conform` converts a carried state first): a raw
+        old Fisher beside a mean-1 new one would weigh the stages by their completion lengths.
         A parameter the new Fisher lacks (another include_embeddings setting, say) keeps its decayed old
         entry and its old anchor: what an earlier stage protected stays protected. The state lives on the
         CPU (the penalty moves it to the parameters' device once), whichever device estimated the Fisher."""
+        if self.fisher and (self.norm, self.kind) != (norm, kind):
+            raise ValueError(f"cannot fold a {kind} Fisher normalised '{norm}' into an EWC state of a {self.kind} "
+                             f"Fisher normalised '{self.norm or 'none (unrecorded)'}'; convert it first (ewc.conform)")
         fisher = {name: gamma * old for name, old in self.fisher.items() if name not in new_fisher}
         anchor = {name: self.anchor[name].clone() for name in fisher}
         for name, f in new_fisher.items():
             f = f.detach().cpu()
             fisher[name] = gamma * self.fisher[name].cpu() + f if name in self.fisher else f.clone()
             anchor[name] = new_anchor[name].detach().cpu().clone()
-        return EwcState(fisher, anchor, [*self.stages, stage], {**self.meta, "gamma": gamma})
+        return EwcState(fisher, anchor, [*self.stages, stage], {**self.meta, "gamma": gamma}, norm, kind)
 
     def check_finite(self) -> None:
         bad = [f"{kind}.{name}" for kind, tensors in (("fisher", self.fisher), ("anchor", self.anchor))
@@ -154,7 +169,8 @@ class EwcState:
         tensors.update({f"anchor.{k}": v.detach().cpu().contiguous() for k, v in self.anchor.items()})
         path = directory / FISHER_FILE
         tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata={"stages": json.dumps(self.stages), "meta": json.dumps(self.meta)})
+        save_file(tensors, str(tmp), metadata={"stages": json.dumps(self.stages), "meta": json.dumps(self.meta),
+                                               "fisher_norm": self.norm or "none", "fisher": self.kind})
         tmp.replace(path)
         return path
 
@@ -171,7 +187,9 @@ class EwcState:
         tensors = load_file(str(path))
         fisher = {k[len("fisher."):]: v for k, v in tensors.items() if k.startswith("fisher.")}
         anchor = {k[len("anchor."):]: v for k, v in tensors.items() if k.startswith("anchor.")}
-        return cls(fisher, anchor, json.loads(metadata.get("stages", "[]")), json.loads(metadata.get("meta", "{}")))
+        # a file from before ewc.fisher_norm records no normalisation (None): its Fisher is the raw one
+        return cls(fisher, anchor, json.loads(metadata.get("stages", "[]")), json.loads(metadata.get("meta", "{}")),
+                   metadata.get("fisher_norm"), metadata.get("fisher", "sampled"))
 
     def stats(self) -> dict:
         values = torch.cat([f.flatten() for f in self.fisher.values()])
@@ -180,7 +198,13 @@ class EwcState:
 
 
 class EwcPenalty:
-    """lambda/2 * sum_i F_i (theta_i - theta*_i)^2 over the parameters the Fisher covers."""
+    """lambda/2 * sum_i F_i (theta_i - theta*_i)^2 over the parameters the Fisher covers.
+
+    A sum, not a mean over parameters: with a mean-1 Fisher the pull on one weight is then lambda F_i d_i, what
+    it would be in a model of any size, and the total squared distance the loss's gradient can buy is
+    ~ ||grad||^2 / lambda^2, which does not grow with the parameter count; a mean would divide every weight's
+    pull by the count, so gemma3_270m (twice SmolLM2-135M's parameters) would be held half as hard at one lambda
+    (docs/curriculum-ewc.md)."""
 
     name = "ewc_penalty"
 
@@ -258,11 +282,52 @@ def check_init(cfg, init: tuple[Path, Path] | None) -> None:
 
 
 def carried_state(cfg, init: tuple[Path, Path] | None) -> EwcState | None:
-    """The EWC state init_from saved, where this stage uses one (ewc.lambda > 0); loaded before the model, so
-    a broken file fails before anything heavy."""
+    """The EWC state init_from saved, where this stage uses one (ewc.lambda > 0), in this run's normalisation and
+    kind (`conform`); loaded before the model, so a broken or unusable file fails before anything heavy."""
     if init is not None and cfg.ewc["lambda"] > 0 and (init[1] / FISHER_FILE).is_file():
-        return EwcState.load(init[1])
+        return conform(EwcState.load(init[1]), cfg.ewc["fisher_norm"], cfg.ewc["fisher"], init[1] / FISHER_FILE)
     return None
+
+
+def conform(state: EwcState, norm: str, kind: str, where) -> EwcState:
+    """A carried state in the normalisation and kind this run folds its own stage's Fisher in with.
+
+    - A raw Fisher (`none`, or a file from before the option, which records none) under `mean` is converted, with
+      one INFO line: scaled to the mean a state of its stages normalised stage by stage holds (1 + gamma + ...;
+      exact for one stage, and the stages' relative weights of an older multi-stage file are kept as they were).
+      Refusing would strand every earlier run's Fisher, and the conversion is one scalar.
+    - A normalised Fisher under `none` is refused: the raw scale it was divided by is not recorded.
+    - A sampled Fisher under `uniform` keeps its anchor and sets every entry to 1 + gamma + ..., what a uniform
+      Fisher of its stages holds (so the ablation can branch off an EWC run's first stage); a uniform one under
+      `sampled` is refused: it holds no Fisher to use.
+    """
+    weight = fisher_scale.stage_weight(len(state.stages), float(state.meta.get("gamma", 1.0)))
+    if kind == "uniform":
+        if state.kind != "uniform":
+            logger.info("%s holds a sampled Fisher; ewc.fisher=uniform keeps its anchor and sets every entry to %g "
+                        "(a uniform Fisher over its %d stage(s))", where, weight, len(state.stages))
+            state = replace(state, fisher={n: torch.full_like(f, weight) for n, f in state.fisher.items()})
+        return replace(state, norm=norm, kind=kind)  # all ones: the same under either normalisation
+    if state.kind == "uniform":
+        raise ConfigError(f"{where} holds a uniform Fisher (ewc.fisher=uniform), no sampled one for ewc.fisher=sampled; "
+                          f"continue with ewc.fisher=uniform, or from a stage trained with ewc.fisher=sampled")
+    had = state.norm or "none"
+    if had == norm:
+        if state.norm is None:
+            logger.info("%s records no Fisher normalisation (a file from before ewc.fisher_norm): the raw Fisher, "
+                        "used as is under ewc.fisher_norm=none", where)
+        return replace(state, norm=norm)
+    if norm == "none":
+        raise ConfigError(f"{where} holds a Fisher normalised by its mean (ewc.fisher_norm={had}), not the raw one "
+                          f"ewc.fisher_norm=none needs; continue with ewc.fisher_norm={had}")
+    mean = fisher_scale.mean_value(state.fisher)
+    if not mean > 0:
+        raise ConfigError(f"{where} holds a Fisher whose mean is {mean!r}; it cannot be normalised (ewc.fisher_norm)")
+    logger.info("%s holds a raw Fisher (%s, mean %.3g); converted to ewc.fisher_norm=%s: scaled to mean %g "
+                "(1 + gamma + ... over its %d stage(s)), the scale this run's lambda is on", where,
+                "no normalisation recorded" if state.norm is None else "ewc.fisher_norm=none", mean, norm, weight,
+                len(state.stages))
+    return replace(state, fisher={n: f * (weight / mean) for n, f in state.fisher.items()}, norm=norm)
 
 
 def source(init: tuple[Path, Path] | None, state: EwcState | None) -> str | None:
@@ -278,22 +343,34 @@ def consolidate_fisher(cfg, model, tokenizer, examples: list[dict], old_state: E
     """Estimate this stage's Fisher on its training prompts, fold it into the running EWC state, save it;
     returns (the state, its figures for metrics.json)."""
     t0 = time.time()
-    prompts = [data.to_messages(ex["question"], cfg.reward.system_prompt) for ex in examples]
-    random.Random(cfg.train.seed).shuffle(prompts)
-    # every process estimates on its share of the samples, and all of them get the whole estimate
-    fisher = estimate(
-        model, tokenizer, prompts, samples=cfg.ewc["fisher_samples"],
-        max_new_tokens=cfg.ewc["fisher_max_new_tokens"] or cfg.train.max_completion_length,
-        temperature=cfg.train.temperature, batch_size=cfg.ewc["fisher_batch_size"], seed=cfg.train.seed,
-        include_embeddings=cfg.ewc["include_embeddings"], shard=(dist.rank(), dist.world_size()),
-    )
+    norm, kind = cfg.ewc["fisher_norm"], cfg.ewc["fisher"]
+    raw_mean = None
+    if kind == "uniform":
+        fisher = fisher_scale.uniform(fisher_parameters(model, cfg.ewc["include_embeddings"]))
+        logger.info("ewc.fisher=uniform: every Fisher entry is 1 (an L2 pull to this stage's weights, Anchored "
+                    "Weight Decay); no completions sampled, the Fisher estimate skipped")
+    else:
+        prompts = [data.to_messages(ex["question"], cfg.reward.system_prompt) for ex in examples]
+        random.Random(cfg.train.seed).shuffle(prompts)
+        # every process estimates on its share of the samples, and all of them get the whole estimate
+        fisher = estimate(
+            model, tokenizer, prompts, samples=cfg.ewc["fisher_samples"],
+            max_new_tokens=cfg.ewc["fisher_max_new_tokens"] or cfg.train.max_completion_length,
+            temperature=cfg.train.temperature, batch_size=cfg.ewc["fisher_batch_size"], seed=cfg.train.seed,
+            include_embeddings=cfg.ewc["include_embeddings"], shard=(dist.rank(), dist.world_size()),
+        )
+        raw_mean = fisher_scale.mean_value(fisher)
+        fisher = fisher_scale.normalise(fisher, norm)
     anchor = current_parameters(model, fisher.keys())
-    base = old_state if old_state is not None else EwcState({}, {}, [], {})
-    state = base.consolidate(fisher, anchor, cfg.ewc["gamma"], cfg.stage.name)
+    base = old_state if old_state is not None else EwcState({}, {}, [], {}, norm, kind)
+    state = base.consolidate(fisher, anchor, cfg.ewc["gamma"], cfg.stage.name, norm, kind)
     if dist.is_main():
         state.save(run_dir)
     return state, {"fisher_time_s": time.time() - t0, **{k: v for k, v in state.stats().items() if k != "stages"},
-                   "ewc_stages": state.stages}
+                   "ewc_stages": state.stages, "ewc_fisher": kind, "ewc_fisher_norm": norm,
+                   "fisher_estimated": kind != "uniform",
+                   # this stage's own estimate before normalisation: the scale lambda was on before the option
+                   "fisher_raw_mean": raw_mean}
 
 
 def starting_fisher(cfg, model, tokenizer, init_dir: Path) -> EwcState:
@@ -311,6 +388,7 @@ def starting_fisher(cfg, model, tokenizer, init_dir: Path) -> EwcState:
     earlier.reward.system_prompt = recorded.reward.system_prompt
     examples = data.stage_split(earlier.stage, "train", earlier.train.seed)
     state, figures = consolidate_fisher(earlier, model, tokenizer, examples, None, Path(cfg.paths.output_dir))
-    logger.info("init_from=%s has no EWC state: estimated its Fisher on %s prompts in %.1f s (mean %.3g)",
-                init_dir, earlier.stage.name, figures["fisher_time_s"], figures["fisher_mean"])
+    if figures["fisher_estimated"]:
+        logger.info("init_from=%s has no EWC state: estimated its Fisher on %s prompts in %.1f s (raw mean %.3g)",
+                    init_dir, earlier.stage.name, figures["fisher_time_s"], figures["fisher_raw_mean"])
     return state

@@ -175,8 +175,8 @@ def test_ewc_lambda_experiment_is_the_ladder_scored_on_validation(tmp_path):
     # docs/results/superseded/ewc-lambda.md ran `experiment=ladder eval.split=validation` and its branches; the experiment
     # that documents the choice must compose those runs, and differ from the ladder only in split and lambda
     params = OmegaConf.load(CONF_DIR / "experiment" / "ewc_lambda.yaml").hydra.sweeper.params
-    assert params["ewc.lambda"] == "0,100,1000,10000,100000"
-    for lam in (0, 100, 1000, 10000, 100000):
+    assert params["ewc.lambda"] == "0,0.1,1,10,100"  # the normalised Fisher's scale (ewc.fisher_norm=mean)
+    for lam in (0, 0.1, 1, 10, 100):
         job = compose_cfg(["experiment=ewc_lambda", f"ewc.lambda={lam}"], tmp_path)
         ran = compose_cfg(["experiment=ladder", "eval.split=validation", f"ewc.lambda={lam}"], tmp_path)
         assert job.eval.split == "validation"

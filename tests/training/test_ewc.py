@@ -167,11 +167,14 @@ def test_ewc_config_is_typed_under_its_literature_name(tmp_path):
 
     cfg = compose_cfg(["ewc.lambda=5", "ewc.gamma=0.9"], tmp_path)
     assert cfg.ewc["lambda"] == 5.0 and cfg.ewc.gamma == 0.9 and cfg.ewc.fisher_samples == 32
+    assert (cfg.ewc.fisher_norm, cfg.ewc.fisher) == ("mean", "sampled")
     with pytest.raises(Exception, match="lambdx"):  # unknown keys fail at composition
         compose_cfg(["ewc.lambdx=5"], tmp_path)
     with pytest.raises(Exception, match="abc"):  # so do values of the wrong type
         compose_cfg(["ewc.lambda=abc"], tmp_path)
     for bad, needle in (("ewc.lambda=-1", "ewc.lambda=-1.0 must be a finite number >= 0"),
-                        ("ewc.gamma=1.5", "ewc.gamma=1.5 must be in [0, 1]")):
+                        ("ewc.gamma=1.5", "ewc.gamma=1.5 must be in [0, 1]"),
+                        ("ewc.fisher_norm=sum", "ewc.fisher_norm='sum' is not valid; choose one of: mean, none"),
+                        ("ewc.fisher=flat", "ewc.fisher='flat' is not valid; choose one of: sampled, uniform")):
         with pytest.raises(ConfigError, match=re.escape(needle)):
             validate(compose_cfg([bad], tmp_path))

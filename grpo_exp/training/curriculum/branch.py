@@ -95,6 +95,12 @@ def _changed_settings(cfg: Any, index: int, src: Path, stage_cfg: Any, source: P
         has_fisher = (src / ewc.FISHER_FILE).is_file()
         if has_fisher or cfg.ewc["lambda"] == 0:
             changed = [c for c in changed if not c.startswith("ewc.lambda ")]
+        # and ewc.fisher / ewc.fisher_norm only which Fisher: a saved one serves where the next stage converts it
+        # (ewc.conform: a sampled Fisher under fisher=uniform, a raw one under fisher_norm=mean)
+        lam = cfg.ewc["lambda"]
+        free = {"ewc.fisher ": lam == 0 or (has_fisher and cfg.ewc["fisher"] == "uniform"),
+                "ewc.fisher_norm ": lam == 0 or (has_fisher and cfg.ewc["fisher_norm"] == "mean")}
+        changed = [c for c in changed if not any(c.startswith(key) and ok for key, ok in free.items())]
     return changed
 
 
