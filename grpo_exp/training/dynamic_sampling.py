@@ -209,7 +209,7 @@ def fill_batch(trainer, inputs: list[dict], generate, sampling: "DynamicSampling
                                      trainer.multi_objective_aggregation)[rank * local:(rank + 1) * local]
     loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
     batch["num_items_in_batch"] = trainer.accelerator.gather(loss_mask.sum()).sum()
-    if filled < groups:
+    if 0 < filled < groups:  # none filled: the round guard drops the step and says so
         logger.info("step %d: dynamic sampling filled %d of %d groups after %d extra rounds", step + 1, filled,
                     groups, draws)
     if filled == 0:

@@ -39,6 +39,7 @@ class RoundGuard:
         self.poisoned: str | None = None  # why the current generation round is poisoned
         self.drop_update = False  # the optimizer step being accumulated must not happen
         self.skipped_steps = 0
+        self.said: set[str] = set()  # the reasons a dropped update was already logged for
 
     def skip_round(self, why: str) -> None:
         """Drop every optimizer step the current round feeds (the first reason given is kept)."""
@@ -120,8 +121,15 @@ class DropPoisonedUpdates(TrainerCallback):
         if guard.drop_update:
             guard.skipped_steps += 1
             self.trainer.pending_logs.update({"skipped_update": 1, "skipped_reason": guard.poisoned or "non-finite"})
-            logger.warning("step %s: update dropped (%s); parameters and optimizer state unchanged",
-                           state.global_step + 1, guard.poisoned)
+            why = guard.poisoned or "non-finite"
+            # a model that never scores drops every step for the same reason: said once, counted in metrics.json
+            if why in guard.said:
+                logger.debug("step %s: update dropped (%s)", state.global_step + 1, why)
+            else:
+                guard.said.add(why)
+                logger.warning("step %s: update dropped (%s); parameters and optimizer state unchanged; later steps "
+                               "dropped for the same reason are counted in metrics.json's skipped_steps, not logged",
+                               state.global_step + 1, why)
             guard.drop_update = False
 
 

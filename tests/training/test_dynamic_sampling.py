@@ -237,8 +237,12 @@ def _never_rewarded(tmp_path, draws: int = 2):
     return trainer, seen, moved, drawn, prompts
 
 
-def test_the_bound_holds_on_a_model_that_never_gets_a_reward(tmp_path, spread_and_half_rewards):
-    trainer, seen, moved, drawn, prompts = _never_rewarded(tmp_path, draws=2)
+def test_the_bound_holds_on_a_model_that_never_gets_a_reward(tmp_path, spread_and_half_rewards, caplog):
+    with caplog.at_level("INFO", logger="grpo_exp"):
+        trainer, seen, moved, drawn, prompts = _never_rewarded(tmp_path, draws=2)
+    # the run says so once, in one line; the count is metrics.json's skipped_steps (trainer.skipped_steps)
+    dropped = [r for r in caplog.records if "update dropped" in r.getMessage() and r.levelname == "WARNING"]
+    assert len(dropped) == 1 and "dynamic sampling" in dropped[0].getMessage(), [r.getMessage() for r in dropped]
     steps = _steps(trainer)
     assert [row["dynamic_sampling/draws"] for row in steps] == [2, 2]  # max_draws extra rounds, no more
     assert [row["dynamic_sampling/kept_share"] for row in steps] == [0, 0]
