@@ -166,7 +166,7 @@ def test_intermediate_from_basic_experiment_composes_the_runs_the_readme_reports
     assert experiment.hydra.sweeper.params["ewc.lambda"] == "0,1000"
     job = compose_cfg(["experiment=intermediate_from_basic", "ewc.lambda=1000"], tmp_path)
     by_hand = compose_cfg(["stage=intermediate", "eval.sets=[intermediate,basic]", "ewc.lambda=1000",
-                           "ewc.fisher_samples=64"], tmp_path)
+                           "ewc.fisher_samples=64", "ewc.fisher_norm=none"], tmp_path)  # the raw Fisher it ran with
     for group in ("stage", "train", "eval", "ewc", "reward"):
         assert job[group] == by_hand[group], group
 
@@ -178,7 +178,9 @@ def test_ewc_lambda_experiment_is_the_ladder_scored_on_validation(tmp_path):
     assert params["ewc.lambda"] == "0,0.1,1,10,100"  # the normalised Fisher's scale (ewc.fisher_norm=mean)
     for lam in (0, 0.1, 1, 10, 100):
         job = compose_cfg(["experiment=ewc_lambda", f"ewc.lambda={lam}"], tmp_path)
-        ran = compose_cfg(["experiment=ladder", "eval.split=validation", f"ewc.lambda={lam}"], tmp_path)
+        # the ladder keeps the raw Fisher its recorded runs had; the choice is made on the normalised one
+        ran = compose_cfg(["experiment=ladder", "eval.split=validation", f"ewc.lambda={lam}", "ewc.fisher_norm=mean"],
+                          tmp_path)
         assert job.eval.split == "validation"
         for group in ("stage", "train", "eval", "ewc", "reward", "curriculum", "model"):
             assert job[group] == ran[group], group
