@@ -469,13 +469,18 @@ class RunConfig:
     push_to_hub: bool = False
     hub_model_id: Optional[str] = None  # "org/name" or "name" (under the token's user)
     hub_private: Optional[bool] = None  # a repo created by the push: private or not; None: the hub's default
+    # a sweep (-m): every job's config checked before any starts (`before`), or each inside its own job (`in_job`:
+    # for a cluster whose jobs see files, models or data the submitting machine does not)
+    sweep_check: str = "before"
 
     NONFINITE_POLICIES = ("stop", "skip")
+    SWEEP_CHECKS = ("before", "in_job")
 
     @staticmethod
     def check(cfg: Any) -> None:
         require_choice("on_nonfinite", cfg.on_nonfinite, RunConfig.NONFINITE_POLICIES)
         require_choice("log_level", cfg.log_level, LEVELS)
+        require_choice("sweep_check", cfg.get("sweep_check", "before"), RunConfig.SWEEP_CHECKS)
         require(isinstance(cfg.resume, bool) or (isinstance(cfg.resume, str) and Path(cfg.resume).is_dir()),
                 f"resume={cfg.resume!r} must be true, false or an existing run directory")
         require(cfg.completions_every >= 1, f"completions_every={cfg.completions_every} must be >= 1")

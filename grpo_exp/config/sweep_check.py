@@ -21,7 +21,8 @@ checked_jobs: set[tuple[str, ...]] = set()
 
 def sweep_jobs(config_name: str, overrides: list[str]) -> tuple[list[list[str]] | None, str]:
     """(each job's task overrides, the sweep directory), as Hydra's basic sweeper will make them from the
-    experiment's hydra.sweeper.params and the command line; (None, dir) under another sweeper."""
+    experiment's hydra.sweeper.params and the command line; (None, dir) under another sweeper, or where the
+    config asks for each job to be checked in the job itself (sweep_check=in_job)."""
     from hydra import initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
@@ -30,6 +31,7 @@ def sweep_jobs(config_name: str, overrides: list[str]) -> tuple[list[list[str]] 
     from hydra.types import RunMode
 
     from grpo_exp.config import search_check
+    import grpo_exp.config.schema  # noqa: F401  (registers the structured-config schemas)
     from grpo_exp.config.options import CONF_DIR
 
     setup_globals()  # ${now:...}, which the sweep directory's name uses
@@ -45,6 +47,8 @@ def sweep_jobs(config_name: str, overrides: list[str]) -> tuple[list[list[str]] 
         if OmegaConf.select(master, "hydra.sweeper._target_") != BASIC_SWEEPER:
             search_check.prepare_search(master)
             return None, sweep_dir
+        if OmegaConf.select(master, "sweep_check") == "in_job":
+            return None, sweep_dir  # each job checks its own config where it runs
         params = OmegaConf.select(master, "hydra.sweeper.params") or {}
         arguments = [f"{key}={value}" for key, value in params.items()] + list(master.hydra.overrides.task)
         parsed = OverridesParser.create(config_loader=loader).parse_overrides(arguments)

@@ -3,7 +3,8 @@ joblib, submitit_local and Ray, each run as a user runs it (one subprocess), the
 sweep directory; and the one-line errors for an unknown launcher or one whose plugin is not installed.
 
 Each sweep is `train.num_generations=2,3[,4]`: 3 does not divide the smoke batch of 4 completions, so that
-job fails its checks inside the job (as a job fails on a cluster) while the others train one step."""
+job fails its checks inside the job (as a job fails on a cluster: `sweep_check=in_job`, which leaves each job's
+checks to the job; by default the sweep is refused before any job starts) while the others train one step."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def sweep(tmp_path_factory, launcher: str, generations: str, *extra: str):
     tmp = tmp_path_factory.mktemp(launcher)
     sweep_dir = tmp / f"{launcher}_gens"
     proc = run_module("grpo_exp.train", "-m", f"hydra/launcher={launcher}", "debug=smoke", "train.max_steps=1",
-                      f"train.num_generations={generations}", *extra, f"hydra.sweep.dir={sweep_dir}",
+                      f"train.num_generations={generations}", "sweep_check=in_job", *extra,
+                      f"hydra.sweep.dir={sweep_dir}",
                       timeout=400, env=wandb_env(tmp))
     return proc, sweep_dir
 

@@ -171,3 +171,12 @@ def test_trackio_without_its_package_is_one_line_naming_the_make_target(monkeypa
     assert refusal(["model=tiny_random", "logger=trackio"]) == (
         "logger=trackio needs the trackio package, which is not installed; make train ARGS=logger=trackio installs "
         "it on first use (or: pip install -e '.[trackio]')")
+
+
+def test_sweep_check_in_job_leaves_each_jobs_checks_to_the_job(tmp_path):
+    """For a cluster whose jobs see files the submitting machine does not: only the sweep directory is checked."""
+    sweep_check.checked_jobs.clear()
+    check_overrides("train", ["-m", "model=tiny_random", "train.max_steps=0,3", "sweep_check=in_job",
+                              f"hydra.sweep.dir={tmp_path / 's'}"], check)
+    assert not sweep_check.checked_jobs  # each job checks itself when it runs
+    assert "sweep_check='sometimes' is not valid" in refusal(["model=tiny_random", "sweep_check=sometimes"])
