@@ -46,7 +46,7 @@ def test_step_floor_by_hand():
     assert slow_bf16["dtype"] == "fp32" and slow_bf16["floor_s"] > found["floor_s"]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # four variant processes with the engine's compile: about 5 minutes on 2 AVX2 cores
 def test_bench_runs_both_baselines_and_the_engine_at_a_fixed_length_with_the_profile(tmp_path):
     """One bench run covers what a user asks of it: both plain-TRL baselines, grpo-exp, a candidate, the
     profile, the floor and the ratios (one subprocess per variant, so one run keeps the suite short)."""
