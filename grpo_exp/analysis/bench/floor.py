@@ -21,10 +21,15 @@ def machine_limits(threads: int, size: int = 1536, reps: int = 3) -> dict:
     t_start = time.perf_counter()
     try:
         peaks = {}
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+        from grpo_exp.base.cpu import resolve_precision
+
+        # emulated bf16 (AVX2) runs near 1 GFLOP/s: a full-size product would take seconds per probe, repeated before,
+        # between and after the variants; a small one says as well that bf16 is not the machine's peak
+        bf16_size = size if resolve_precision("auto") == "bf16" else min(size, 256)
+        for name, dtype, n in (("fp32", torch.float32, size), ("bf16", torch.bfloat16, bf16_size)):
+            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
             best = _best_time(lambda: torch.mm(a, b), reps)
-            peaks[name] = 2 * size ** 3 / best / 1e9
+            peaks[name] = 2 * n ** 3 / best / 1e9
         data = torch.ones(64 * 1024 * 1024)
         read = data.numel() * 4 / _best_time(data.sum, reps) / 1e9
     finally:

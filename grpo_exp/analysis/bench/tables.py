@@ -146,7 +146,7 @@ def plot_rewards(results: dict, path: Path) -> bool:
 def floor_table(results: dict, limits: dict) -> str:
     """The machine's measured limits in one line, then each variant's floor per optimizer step and its parts."""
     peaks = limits["gemm_gflops"]
-    lines = [f"Measured before the variants ran, with {limits.get('threads')} threads in {fmt(limits.get('seconds'), 1)} s: "
+    lines = [f"The best floor probe, with {limits.get('threads')} threads ({fmt(limits.get('seconds'), 1)} s of probing): "
              f"GEMM peak fp32 {fmt(peaks.get('fp32'), 0)} GFLOP/s, bf16 {fmt(peaks.get('bf16'), 0)} GFLOP/s; memory "
              f"read {fmt(limits.get('read_gb_s'), 1)} GB/s.\n",
              "| variant | floor s | scoring fwd+bwd s | generation s | decode bound | dtype | matmul params (M) "
