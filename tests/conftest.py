@@ -24,6 +24,15 @@ def compose_cfg(overrides: list[str], output_dir: Path | str, config_name: str =
 
 
 @pytest.fixture
+def fresh_hydra():
+    """Hydra uninitialised before and after the test (another test may have left it initialised), for tests that
+    compose through the entrypoint's own pre-check."""
+    GlobalHydra.instance().clear()
+    yield
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture
 def smoke_cfg(tmp_path):
     """The 2-step tiny-model config, writing into a fresh temporary run directory."""
     return compose_cfg(["debug=smoke"], tmp_path / "run")

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper",
@@ -36,11 +35,7 @@ PARAMS = ["train.learning_rate", "train.beta", "train.num_generations"]
 SMOKE_GROUPS = "train.num_generations=choice(2,4)"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_hydra():
-    GlobalHydra.instance().clear()  # another test may have left Hydra initialised
-    yield
-    GlobalHydra.instance().clear()
+pytestmark = pytest.mark.usefixtures("fresh_hydra")
 
 
 def refusal(args: list[str]) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
 
 from grpo_exp.apps.train import check
 from grpo_exp.base.errors import ConfigError
@@ -16,11 +15,7 @@ from grpo_exp.config.compose import check_overrides
 from grpo_exp.training import hub
 
 
-@pytest.fixture(autouse=True)
-def _fresh_hydra():
-    GlobalHydra.instance().clear()  # another test may have left Hydra initialised
-    yield
-    GlobalHydra.instance().clear()
+pytestmark = pytest.mark.usefixtures("fresh_hydra")
 
 
 def refusal(args: list[str]) -> str:
