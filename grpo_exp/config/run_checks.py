@@ -66,7 +66,7 @@ def check_writable(key: str, path: str | os.PathLike) -> None:
 def check_resume(cfg: Any, run_dir: str | None) -> None:
     """resume=true continues the run directory the command names (hydra.run.dir), resume=<dir> that one; a
     directory that holds no run would silently start a fresh one."""
-    resume = cfg.get("resume") if hasattr(cfg, "get") else None
+    resume = cfg.get("resume")
     if resume is True:
         where, example = f"hydra.run.dir={run_dir}", "resume=true hydra.run.dir=<run dir>"
         target = run_dir

@@ -27,6 +27,14 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
 
 
+def _no_answer(err: BaseException) -> str:
+    """Why a request to the hub got no answer, in one line."""
+    from huggingface_hub import constants
+
+    first = str(err).splitlines()[0][:160] if str(err) else "no answer"
+    return f"{constants.ENDPOINT} did not answer: {type(err).__name__}: {first}"
+
+
 def hub_unreachable(token: str) -> str | None:
     """Why the hub cannot take an upload with `token` (no answer within CHECK_TIMEOUT_S, the token refused),
     or None: one authenticated request to the hub's whoami endpoint."""
@@ -37,8 +45,7 @@ def hub_unreachable(token: str) -> str | None:
     try:
         response = get_session().get(url, headers={"authorization": f"Bearer {token}"}, timeout=CHECK_TIMEOUT_S)
     except Exception as err:  # DNS, connection refused, timeout, proxy: all mean no upload
-        first = str(err).splitlines()[0][:160] if str(err) else "no answer"
-        return f"{constants.ENDPOINT} did not answer: {type(err).__name__}: {first}"
+        return _no_answer(err)
     if response.status_code == 401:
         return "the hub refused the token (401); log in again with `hf auth login` or set HF_TOKEN"
     if response.status_code >= 400:
@@ -57,8 +64,7 @@ def hub_silent() -> str | None:
     try:
         get_session().head(constants.ENDPOINT, timeout=CHECK_TIMEOUT_S)
     except Exception as err:  # DNS, connection refused, timeout, proxy
-        first = str(err).splitlines()[0][:160] if str(err) else "no answer"
-        return f"{constants.ENDPOINT} did not answer: {type(err).__name__}: {first}"
+        return _no_answer(err)
     return None
 
 
