@@ -13,6 +13,8 @@ GRPO_EXP_TEST_SLOW=<phase>=<seconds>[,...]: stretches a phase so that the tiny m
   reward   each call of `sleepy`, in one sleep that polls nothing (as a slow reward function would)
   save     each checkpoint publish, before it renames anything
 A phase's mark slows that one alone (save-checkpoint-2=60, reward-1=120).
+  hold-<mark>   waits, once that phase has started, until a stop is requested (at most the seconds given): the
+                signal then lands inside the phase however slowly the test sends it on a loaded machine
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ def slow(*phases: str) -> float:
     (`save`) or by its mark (`save-checkpoint-2`)."""
     given = dict(item.partition("=")[::2] for item in os.environ.get("GRPO_EXP_TEST_SLOW", "").split(",") if item)
     return next((float(given[p]) for p in phases if p in given), 0.0)
+
+
+def hold(phase: str) -> None:
+    """With hold-<phase>=<seconds> given, polls for a stop request until one comes or the seconds pass."""
+    from grpo_exp.base import stop
+
+    deadline = time.time() + slow(f"hold-{phase}")
+    while stop.requested() is None and time.time() < deadline:
+        time.sleep(0.05)
 
 
 _calls = {"generation": 0, "reward": 0}
@@ -109,7 +120,9 @@ def hook_phases() -> None:
     completions, criterion = evaluation.generate_completions, evaluation.StopRequested.__call__
 
     def generate_completions(model, tokenizer, prompts, **kwargs):
-        mark("eval-during" if str(kwargs.get("desc", "")).startswith("held-out") else "eval-after")
+        phase = "eval-during" if str(kwargs.get("desc", "")).startswith("held-out") else "eval-after"
+        mark(phase)
+        hold(phase)
         return completions(model, tokenizer, prompts, **kwargs)
 
     def each_token(self, input_ids, scores, **kwargs):

@@ -223,7 +223,7 @@ def test_ctrl_c_in_a_reward_function_that_never_returns_stops_the_first_step(tmp
 @pytest.mark.slow
 def test_a_stop_in_the_held_out_evaluation_saves_the_step_it_follows(tmp_path):
     args = [*TINY, "train.max_steps=3", "train.save_steps=100", "eval.every_steps=1"]
-    run = Run(tmp_path / "run", *args, slow="eval=0.5")
+    run = Run(tmp_path / "run", *args, slow="eval=0.5,hold-eval-during=120")
     run.wait_for_mark("eval-during")
     took = run.ended_within(run.signal(signal.SIGTERM))
     assert_stopped(run, signal.SIGTERM, "at the end of step 1")
@@ -236,7 +236,7 @@ def test_a_stop_in_the_held_out_evaluation_saves_the_step_it_follows(tmp_path):
 @pytest.mark.slow
 def test_a_stop_in_the_evaluation_after_training_keeps_the_final_checkpoint(tmp_path):
     args = [*SPREAD, "train.max_steps=2"]  # debug=smoke evaluates after training
-    run = Run(tmp_path / "run", *args, slow="eval=0.5")
+    run = Run(tmp_path / "run", *args, slow="eval=0.5,hold-eval-after=120")
     run.wait_for_mark("eval-after")
     took = run.ended_within(run.signal(signal.SIGTERM))
     assert_stopped(run, signal.SIGTERM, "during evaluation after training (step 2)")
@@ -309,7 +309,7 @@ def test_the_default_model_stops_during_evaluation_then_during_generation(tmp_pa
     keeps checkpoint-1 as it is."""
     args = [*DEFAULT, "train.max_steps=2", "train.save_steps=100", "eval.every_steps=1", "eval.every_limit=8",
             "eval.batch_size=4"]
-    run = Run(tmp_path / "run", *args)
+    run = Run(tmp_path / "run", *args, slow="hold-eval-during=120")
     run.wait_for_mark("eval-during")
     took = run.ended_within(run.signal(signal.SIGTERM))
     assert_stopped(run, signal.SIGTERM, "at the end of step 1")
