@@ -12,6 +12,7 @@ from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.recorded import run_config, split_seed
 from grpo_exp.config.schema import GROUPS, CurriculumConfig, RunConfig
 from grpo_exp.config.speed import check_generation, check_vllm_head
+from grpo_exp.core.data import LEVELS
 
 
 def validate(cfg: Any) -> None:
@@ -30,7 +31,9 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} is measured every eval.every_steps, "
                           f"which is off (null); set eval.every_steps=<N>")
     size = stage[f"num_{ev.split}"]
-    if stage.dataset != "gsm8k" and ev.after_train and ev.limit > size:
+    # a generated level's held-out set is num_<split> problems; a file's (GSM8K, prompts) is its whole split, sized
+    # when the pre-check reads it
+    if stage.dataset in LEVELS and ev.after_train and ev.limit > size:
         raise ConfigError(f"eval set '{stage.name}' holds {size} {ev.split} problems (stage.num_{ev.split}) "
                           f"but {ev.limit} were asked for (eval.limit={ev.limit}); lower the limit or raise "
                           f"stage.num_{ev.split}")

@@ -82,8 +82,12 @@ class StageConfig:
     # draws the train / validation / test bands and the held-out sets: fixed, so every training seed
     # (train.seed) of a sweep scores the same problems; 42 is the seed that drew them before this key existed
     split_seed: int = 42
+    # prompts only: the reward (a reward.funcs name or an import path) whose score decides held-out accuracy, a
+    # problem counting as solved where it reaches eval_threshold; null: the first of reward.funcs
+    eval_reward: Optional[str] = None
+    eval_threshold: float = 1.0
 
-    DATASETS = data.DATASETS  # the generated levels and gsm8k
+    DATASETS = data.DATASETS  # the generated levels, gsm8k and prompts (a TRL-shaped dataset of one's own)
 
     @staticmethod
     def check(stage: Any) -> None:
@@ -92,8 +96,15 @@ class StageConfig:
             require(Path(stage.path).exists(),
                     f"stage.path={stage.path} does not exist; give a GSM8K JSONL file or a directory "
                     f"with train.jsonl/test.jsonl, or leave it empty to load {stage.hub_id} from the hub")
-        if stage.dataset != "gsm8k":
+        if stage.dataset == "prompts":
+            StageConfig.check_prompts(stage)
+        elif stage.eval_reward is not None:
+            raise ConfigError(f"stage.eval_reward={stage.eval_reward} scores the held-out sets of stage.dataset=prompts; "
+                              f"a {stage.dataset} stage is scored by its answer (the correctness reward): drop it")
+        if stage.dataset in data.LEVELS:
             require(stage.num_train >= 1, f"stage.num_train={stage.num_train} must be >= 1")
+        else:
+            require(stage.num_train >= 0, f"stage.num_train={stage.num_train} must be >= 0 (0: the whole train split)")
         for key in ("test_fraction", "validation_fraction"):
             require(0 < stage[key] < 1, f"stage.{key}={stage[key]} must be between 0 and 1 (exclusive)")
         require(stage.test_fraction + stage.validation_fraction < 1,
@@ -101,6 +112,26 @@ class StageConfig:
                 f"{stage.test_fraction + stage.validation_fraction:g} leaves nothing to train on; keep it below 1")
         require(stage.num_validation >= 1 and stage.num_test >= 1,
                 f"stage.num_validation={stage.num_validation} and stage.num_test={stage.num_test} must be >= 1")
+
+    @staticmethod
+    def check_prompts(stage: Any) -> None:
+        """A prompts stage: where its rows are, and the reward and threshold its held-out accuracy is read from."""
+        require(bool(stage.path) or bool(stage.hub_id),
+                "stage=prompts needs its data: stage.path=<JSONL file with a prompt column, or a directory of .jsonl "
+                "files>, or stage.hub_id=<hub dataset id>")
+        if stage.path:
+            require(Path(stage.path).exists(),
+                    f"stage.path={stage.path} does not exist; give a JSONL file with a prompt column, a directory of "
+                    f".jsonl files, or stage.hub_id=<hub dataset id> with stage.path=null")
+        if stage.eval_reward is not None:
+            from grpo_exp.core import rewards
+
+            try:
+                rewards.resolve(str(stage.eval_reward), key="stage.eval_reward")
+            except rewards.RewardConfigError as err:
+                raise ConfigError(str(err)) from None
+        require(math.isfinite(stage.eval_threshold),
+                f"stage.eval_threshold={stage.eval_threshold} must be a finite number (the score that counts as solved)")
 
 
 @dataclass

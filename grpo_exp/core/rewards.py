@@ -350,38 +350,41 @@ def _signature_problem(fn: Callable) -> str | None:
     return None
 
 
-def import_path(entry: str) -> Callable[..., list[float]]:
-    """The reward at `package.module:function` (a dotted attribute after the colon also works)."""
+def import_path(entry: str, key: str = "reward.funcs") -> Callable[..., list[float]]:
+    """The reward at `package.module:function` (a dotted attribute after the colon also works); errors name `key`,
+    the setting that holds it."""
+    label = f"{key} entry" if key == "reward.funcs" else key
     module_name, _, attr = entry.partition(":")
     if not all(part.isidentifier() for part in [*module_name.split("."), *attr.split(".")]):
-        raise RewardConfigError(f"reward.funcs entry '{entry}' is not an import path of the form "
+        raise RewardConfigError(f"{label} '{entry}' is not an import path of the form "
                                 "package.module:function")
     try:
         found: Any = importlib.import_module(module_name)
     except Exception as err:  # not found, or the module's own code failed on import
         why = " ".join(str(err).split())  # one line, whatever the module raised
-        raise RewardConfigError(f"reward.funcs entry '{entry}': importing {module_name} failed "
+        raise RewardConfigError(f"{label} '{entry}': importing {module_name} failed "
                                 f"({type(err).__name__}: {why}); the module must be on the Python path (the current "
                                 "directory is, for python -m grpo_exp.train)") from None
     for part in attr.split("."):
         if not hasattr(found, part):
-            raise RewardConfigError(f"reward.funcs entry '{entry}': {module_name} has no {attr}")
+            raise RewardConfigError(f"{label} '{entry}': {module_name} has no {attr}")
         found = getattr(found, part)
     if not callable(found):
-        raise RewardConfigError(f"reward.funcs entry '{entry}' is a {type(found).__name__}, not a function; "
+        raise RewardConfigError(f"{label} '{entry}' is a {type(found).__name__}, not a function; "
                                 f"a reward is {SIGNATURE}")
     problem = _signature_problem(found)
     if problem:
-        raise RewardConfigError(f"reward.funcs entry '{entry}' cannot be a reward: {problem}; a reward is {SIGNATURE}")
+        raise RewardConfigError(f"{label} '{entry}' cannot be a reward: {problem}; a reward is {SIGNATURE}")
     return found
 
 
-def resolve(name: str) -> Callable[..., list[float]]:
-    """A reward by registered name, or by import path when the name holds a colon."""
+def resolve(name: str, key: str = "reward.funcs") -> Callable[..., list[float]]:
+    """A reward by registered name, or by import path when the name holds a colon; `key` is the setting named in
+    an error (reward.funcs, stage.eval_reward)."""
     if ":" in name:
-        return import_path(name)
+        return import_path(name, key)
     if name not in REGISTRY:
-        raise RewardConfigError(f"unknown reward function '{name}' in reward.funcs; valid names: "
+        raise RewardConfigError(f"unknown reward function '{name}' in {key}; valid names: "
                                 f"{', '.join(sorted(REGISTRY))}, or an import path package.module:function")
     return REGISTRY[name]
 

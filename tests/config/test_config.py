@@ -20,7 +20,7 @@ def test_every_option_composes_and_validates(tmp_path, group, option):
     overrides = [f"{group}={option}"]
     if (group, option) == ("model", "custom"):
         overrides.append("model.id=org/some-model")
-    if (group, option) == ("stage", "gsm8k"):
+    if (group, option) in (("stage", "gsm8k"), ("stage", "prompts")):  # their data is the user's
         overrides.append(f"stage.path={tmp_path}")
     cfg = compose_cfg(overrides, tmp_path)
     validate(cfg)
@@ -156,7 +156,7 @@ def test_config_choices_match_the_code_that_implements_them():
     assert speed.ATTENTIONS == ("auto", *attention.CHOICES)
     assert speed.ATTENTION_DECODES == attention.DECODE_LAYOUTS
     assert speed.LOGPROB_KERNELS == ("auto", *logprob_head.CHOICES)
-    assert StageConfig.DATASETS == (*LEVELS, "gsm8k")
+    assert StageConfig.DATASETS == (*LEVELS, "gsm8k", "prompts")
 
 
 def test_intermediate_from_basic_experiment_composes_the_runs_the_readme_reports(tmp_path):

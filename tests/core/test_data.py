@@ -364,7 +364,7 @@ def test_build_examples_rejects_bad_names():
         build_examples("mathqa", "train", size=1, seed=0)
     with pytest.raises(ValueError, match=r"'dev'.*train, validation, test"):
         build_examples("basic", "dev", size=1, seed=0)
-    assert DATASETS == ("basic", "intermediate", "two_step", "multi_step", "advanced", "gsm8k")
+    assert DATASETS == ("basic", "intermediate", "two_step", "multi_step", "advanced", "gsm8k", "prompts")
 
 
 def test_to_messages():
