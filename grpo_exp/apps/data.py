@@ -1,7 +1,7 @@
 """`python -m grpo_exp.data stage=<stage> split=<train|validation|test> [limit=N] [train.seed=S] out=<file.jsonl>`
 (console script `grpo-data`): one split of a stage's problems, one JSON object a line, with `question`,
-`answer`, `key` (the canonical computation), `level` and `template`, so a user can look at the data a run
-trains and is scored on. Other `key=value` arguments are config overrides (`stage.num_test=500`,
+`answer`, `key` (the canonical computation), `level` and `template` (a prompts stage: its rows as the file has them,
+`prompt` and the other columns), so a user can look at the data a run trains and is scored on. Other `key=value` arguments are config overrides (`stage.num_test=500`,
 `stage.path=...`). Bad input is one line and exit 2, before anything is written.
 """
 
@@ -59,6 +59,13 @@ def problems(own: dict[str, str], overrides: list[str]) -> list[dict]:
     return rows[: int(limit)] if limit else rows
 
 
+def record(row: dict) -> dict:
+    """A problem as a line of the output: a prompts stage's row as its file has it, else the FIELDS."""
+    if "columns" in row:
+        return {"prompt": row["prompt"], **row["columns"]}
+    return {k: row.get(k, row["question"] if k == "key" else None) for k in FIELDS}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("-h", "--help"):
@@ -72,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     out = Path(own["out"])
-    write_jsonl(out, ({k: row.get(k, row["question"] if k == "key" else None) for k in FIELDS} for row in rows))
+    write_jsonl(out, (record(row) for row in rows))
     distinct = len({row.get("key") or row["question"] for row in rows})
     logger.info("%d problems (%d distinct computations) written to %s", len(rows), distinct, out)
     return 0

@@ -15,7 +15,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from grpo_exp.base import stop
 from grpo_exp.core import rewards
-from grpo_exp.core.data import to_messages
+from grpo_exp.core.data import prompt_messages
 from grpo_exp.base.monitor import peak_rss_mb
 from grpo_exp.evaluation.stats import (BOOTSTRAP_RESAMPLES, bootstrap_interval, majority_vote, pass_at_k,
                                       wilson_interval)
@@ -129,11 +129,16 @@ def _generate_batches(model, tokenizer, prompts: list[list[dict]], *, max_new_to
     return texts, lengths, seconds, positions
 
 
-def score(examples: list[dict], texts: list[str], lengths: list[int]) -> tuple[dict, list[dict]]:
-    """Accuracy and format figures for generated texts against ground truth."""
+def score(examples: list[dict], texts: list[str], lengths: list[int], judge=None,
+          prompts: list[list[dict]] | None = None) -> tuple[dict, list[dict]]:
+    """Accuracy and format figures for generated texts against ground truth; with `judge` (a prompts stage's,
+    evaluation/judge.py), a completion is correct where its eval reward reaches the threshold (`prompts`: the chat
+    prompts it answered, which the reward is given)."""
     completions = list(texts)
     answers = [str(ex["answer"]) for ex in examples]
-    correct = rewards.correctness(completions, answers)
+    judged = judge.scores(examples, prompts, completions) if judge is not None else None
+    correct = (rewards.correctness(completions, answers) if judged is None
+               else [1.0 if judge.solved(v) else 0.0 for v in judged])
     formatted = rewards.answer_format(completions, answers)
     reasoning = rewards.heuristic_reasoning(completions, answers)
     consistency = [_answer_work_consistency(t) for t in texts]
@@ -145,6 +150,9 @@ def score(examples: list[dict], texts: list[str], lengths: list[int]) -> tuple[d
          "predicted": rewards.extract_answer(text), "correct": bool(c), "format_ok": bool(f), "tokens": length}
         for ex, text, length, c, f in zip(examples, texts, lengths, correct, formatted)
     ]
+    if judged is not None:
+        for row, value in zip(samples, judged):
+            row["score"] = value
     metrics = {
         "n": n,
         "correct": k,
@@ -156,6 +164,8 @@ def score(examples: list[dict], texts: list[str], lengths: list[int]) -> tuple[d
         "heuristic_reasoning_presence": sum(r > 0 for r in reasoning) / n if n else 0.0,
         "heuristic_answer_work_consistency": _mean([c for c in consistency if c is not None]),
     }
+    if judge is not None:  # what "correct" meant for this set
+        metrics.update({"scored_by": judge.record(), "unscored": sum(v is None for v in judged)})
     return metrics, samples
 
 
@@ -177,14 +187,20 @@ def _mean(values: list[float]) -> float | None:
 
 def sample_answers(model, tokenizer, examples: list[dict], prompts: list[list[dict]], *, num_samples: int,
                    max_new_tokens: int, batch_size: int, temperature: float, seed: int,
-                   desc: str, top_k: int = 0, top_p: float = 1.0) -> list[tuple[list[float | None], list[bool]]]:
-    """For each problem, `num_samples` sampled completions' (parsed answers, correct or not), in sampling order."""
+                   desc: str, top_k: int = 0, top_p: float = 1.0,
+                   judge=None) -> list[tuple[list[float | None], list[bool]]]:
+    """For each problem, `num_samples` sampled completions' (parsed answers, correct or not: by `judge` where
+    given), in sampling order."""
     repeated = [p for p in prompts for _ in range(num_samples)]
     texts, _, _, _ = generate_completions(model, tokenizer, repeated, max_new_tokens=max_new_tokens,
                                           batch_size=batch_size, do_sample=True, temperature=temperature,
                                           top_k=top_k, top_p=top_p, seed=seed, desc=desc)
-    answers = [str(ex["answer"]) for ex in examples for _ in range(num_samples)]
-    correct = rewards.correctness(texts, answers)
+    if judge is not None:
+        correct = [judge.solved(v) for v in judge.scores([ex for ex in examples for _ in range(num_samples)],
+                                                         repeated, texts)]
+    else:
+        answers = [str(ex["answer"]) for ex in examples for _ in range(num_samples)]
+        correct = rewards.correctness(texts, answers)
     predicted = [rewards.extract_answer(t) for t in texts]
     return [(predicted[i * num_samples:(i + 1) * num_samples],
              [bool(c) for c in correct[i * num_samples:(i + 1) * num_samples]]) for i in range(len(examples))]
@@ -231,16 +247,17 @@ def sampled_metrics(examples: list[dict], drawn: list[tuple[list[float | None], 
 def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_new_tokens: int, batch_size: int = 8,
              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              desc: str = "eval", pass_k: list[int] | tuple = (), maj_k: list[int] | tuple = (),
-             num_samples: int | None = None) -> tuple[dict, list[dict]]:
-    """Generate for every problem and score against its ground truth; with `pass_k` or `maj_k`, also sample
-    `num_samples` completions per problem (default: the largest k) at `temperature` and report pass@1
-    estimated from them, pass@k and maj@k for each k, with bootstrap intervals (sampled_metrics)."""
-    prompts = [to_messages(ex["question"], system_prompt) for ex in examples]
+             num_samples: int | None = None, judge=None) -> tuple[dict, list[dict]]:
+    """Generate for every problem and score against its ground truth (a prompts stage's: by `judge`, its eval
+    reward); with `pass_k` or `maj_k`, also sample `num_samples` completions per problem (default: the largest k) at
+    `temperature` and report pass@1 estimated from them, pass@k and maj@k for each k, with bootstrap intervals
+    (sampled_metrics; maj@k votes on the parsed numbers against the `answer` column)."""
+    prompts = [prompt_messages(ex, system_prompt) for ex in examples]
     texts, lengths, seconds, positions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                                    batch_size=batch_size, do_sample=do_sample,
                                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                                    desc=desc)
-    metrics, samples = score(examples, texts, lengths)
+    metrics, samples = score(examples, texts, lengths, judge, prompts)
     metrics.update({
         "generation_s": seconds,
         # completion tokens (up to EOS) per second: the useful output rate
@@ -257,7 +274,8 @@ def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_
         n = num_samples or max([*pass_k, *maj_k])
         drawn = sample_answers(model, tokenizer, examples, prompts, num_samples=n, max_new_tokens=max_new_tokens,
                                batch_size=batch_size, temperature=temperature, seed=seed,
-                               desc=f"{desc} {'pass@k' if pass_k else 'maj@k'}", top_k=top_k, top_p=top_p)
+                               desc=f"{desc} {'pass@k' if pass_k else 'maj@k'}", top_k=top_k, top_p=top_p,
+                               judge=judge)
         figures, rows = sampled_metrics(examples, drawn, pass_k=list(pass_k), maj_k=list(maj_k), seed=seed)
         metrics.update(figures)
         metrics["pass_samples"] = n

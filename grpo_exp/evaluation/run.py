@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -23,6 +24,7 @@ from grpo_exp.base.run_files import BEFORE_AFTER_FILE, BEFORE_AFTER_TABLE_FILE, 
 from grpo_exp.base.text import markdown_table
 from grpo_exp.config.recorded import run_config
 from grpo_exp.core.data.splits import split_seed, stage_split
+from grpo_exp.evaluation.judge import for_stage
 
 logger = log.get_logger(__name__)
 
@@ -37,6 +39,7 @@ class EvalSet:
     source: str  # "generated", a JSONL path, or a hub id
     examples: list[dict] = field(default_factory=list)
     held_out: int = 0  # size of the held-out split the problems were taken from
+    judge: Any = None  # a prompts stage's eval reward (evaluation/judge.py); None: the correctness reward
 
 
 # --- checks that need no model ---------------------------------------------------------------
@@ -117,6 +120,13 @@ def check(cfg) -> Path | None:
                 raise ConfigError(f"stage.path={stage.path} (GSM8K set '{name}') does not exist; give a GSM8K JSONL "
                                   f"file or a directory holding test.jsonl, or leave it empty for the hub")
             held_out_split(stage, cfg.eval.split, cfg.eval.limit, cfg.train.seed, name)  # a bad line or a short split fails here
+        elif stage.dataset == "prompts":  # its rows (a missing prompt column, a short split) and its eval reward
+            if name != cfg.stage.name:
+                from grpo_exp.config.schema import StageConfig
+
+                StageConfig.check(stage)
+            held_out_split(stage, cfg.eval.split, cfg.eval.limit, cfg.train.seed, name)
+            check_prompt_columns(stage, cfg, train=False)
         elif stage.dataset != "gsm8k" and cfg.eval.limit > stage[f"num_{cfg.eval.split}"]:
             held_out_split(stage, cfg.eval.split, cfg.eval.limit, cfg.train.seed, name)  # raises: the split is too small
     return model_dir
@@ -125,9 +135,15 @@ def check(cfg) -> Path | None:
 def check_held_out(cfg) -> None:
     """A training run's held-out sets, read before any model loads: validation for the periodic evaluation
     (eval.every_limit problems) and eval.split after training (eval.limit), so a GSM8K file too small for
-    either, or with a bad line, fails in one line rather than after training. The hub is left for the run."""
+    either, or with a bad line, fails in one line rather than after training. The hub is left for the run, except a
+    prompts stage's dataset: read here wherever it is, so that a missing `prompt` column, a short split or a column a
+    reward needs is one line before any model loads."""
     stage = cfg.stage
-    if stage.dataset != "gsm8k" or not stage.path:
+    if stage.dataset == "prompts":  # its file (or hub dataset) is read here: a missing prompt column, a short split
+        for split in ("train", "validation", "test"):  # an empty train split, a held-out one under stage.num_<split>
+            stage_split(stage, split, cfg.train.seed)
+        check_prompt_columns(stage, cfg, train=True)
+    elif stage.dataset != "gsm8k" or not stage.path:
         return  # generated levels are sized by the config's own checks
     needed = []  # (split, problems, the key that asks for them)
     if cfg.eval.every_steps:
@@ -136,6 +152,23 @@ def check_held_out(cfg) -> None:
         needed.append((cfg.eval.split, cfg.eval.limit, "eval.limit"))
     for split, limit, key in sorted(needed, key=lambda need: -need[1]):  # the larger ask of a split first
         held_out_split(stage, split, limit, cfg.train.seed, key=key)
+
+
+def check_prompt_columns(stage, cfg, train: bool) -> None:
+    """A prompts stage's columns against what its rewards need (its eval reward; with `train`, every reward.funcs
+    entry too): one line where a reward needs a column the dataset lacks, before any model loads."""
+    from grpo_exp.core import rewards
+    from grpo_exp.core.data import prompt_table
+    from grpo_exp.evaluation.judge import eval_reward_name
+
+    table = prompt_table.load(stage.path, stage.hub_id, stage.hub_config)
+    funcs = [str(f) for f in cfg.reward.funcs] if train else []
+    if funcs:
+        prompt_table.check_columns(table, list(zip(funcs, rewards.build(funcs, None)[0])))
+    name = eval_reward_name(stage, list(cfg.reward.funcs))
+    if name is not None and name not in funcs:
+        key = "stage.eval_reward" if stage.get("eval_reward") else "reward.funcs"
+        prompt_table.check_columns(table, [(name, rewards.resolve(name, key=key))], key=key)
 
 
 # --- data, model, evaluation -----------------------------------------------------------------
@@ -155,7 +188,8 @@ def load_sets(cfg) -> list[EvalSet]:
         stage, max_new_tokens = set_settings(cfg, name)
         split = held_out_split(stage, cfg.eval.split, cfg.eval.limit, cfg.train.seed, name)
         source = "generated" if stage.dataset in data.LEVELS else str(stage.path or stage.hub_id)
-        sets.append(EvalSet(name, stage.dataset, max_new_tokens, source, split[:cfg.eval.limit], len(split)))
+        sets.append(EvalSet(name, stage.dataset, max_new_tokens, source, split[:cfg.eval.limit], len(split),
+                            judge=for_stage(stage, list(cfg.reward.funcs))))
     return sets
 
 
@@ -171,8 +205,11 @@ def held_out_split(stage, split: str, limit: int, seed: int, name: str | None = 
     if stage.dataset in data.LEVELS and limit > size:
         raise ConfigError(f"eval set '{name}' holds {size} {split} problems (stage.num_{split}) but "
                           f"{limit} were asked for ({key}={limit}); lower the limit or raise stage.num_{split}")
-    # GSM8K's held-out sets are whole splits of its files, of which the first `limit` are scored
-    problems = stage_split(stage, split, seed, size=0 if stage.dataset == "gsm8k" else None)
+    # GSM8K's and a prompts stage's held-out sets are whole splits of their files, of which the first `limit` are
+    # scored (stage.num_<split>: the least the split must hold, checked first)
+    if stage.dataset == "prompts":
+        stage_split(stage, split, seed)  # raises where the split holds fewer than stage.num_<split>
+    problems = stage_split(stage, split, seed, size=None if stage.dataset in data.LEVELS else 0)
     if len(problems) < limit:
         raise ConfigError(f"eval set '{name}' holds {len(problems)} {split} problems but {limit} were asked for "
                           f"({key}={limit}); lower the limit or use a larger {split} split")
@@ -187,7 +224,8 @@ def recorded_data_settings(model_dir: Path | None) -> dict | None:
     if seed is None:
         return None
     return {"seed": int(seed), "stage": OmegaConf.select(found[0], "stage"), "source": str(found[1]),
-            "max_completion_length": OmegaConf.select(found[0], "train.max_completion_length")}
+            "max_completion_length": OmegaConf.select(found[0], "train.max_completion_length"),
+            "reward_funcs": OmegaConf.select(found[0], "reward.funcs")}
 
 
 def use_recorded_split(cfg, model_dir: Path | None) -> str:
@@ -201,9 +239,16 @@ def use_recorded_split(cfg, model_dir: Path | None) -> str:
     # the run's partition: its stage.split_seed, or (recorded before that key) its training seed
     cfg.stage.split_seed = split_seed(stage if stage is not None else {}, recorded["seed"])
     if stage is not None and stage.get("name") == cfg.stage.name:
-        for key in ("num_validation", "num_test", "test_fraction", "validation_fraction", "path"):
+        for key in ("num_validation", "num_test", "test_fraction", "validation_fraction", "path", "eval_threshold"):
             if key in stage and not (key == "path" and cfg.stage.get("path")):
                 cfg.stage[key] = stage[key]
+        if stage.get("dataset") == "prompts" and not cfg.stage.get("eval_reward"):
+            # the reward that decided the run's accuracy (its stage.eval_reward, else the first of its reward.funcs),
+            # not the first of this command's reward.funcs
+            funcs = recorded["reward_funcs"] or []
+            named = stage.get("eval_reward") or (funcs[0] if funcs else None)
+            if named:
+                cfg.stage.eval_reward = str(named)
         # the run's own stage is scored at the length its run scored it (eval.max_new_tokens overrides both)
         if recorded["max_completion_length"] is not None:
             cfg.train.max_completion_length = int(recorded["max_completion_length"])
@@ -229,7 +274,8 @@ def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -
                                  max_new_tokens=s.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample,
                                  temperature=ev.temperature, top_k=ev.top_k, top_p=ev.top_p, seed=ev.seed,
                                  desc=" ".join(filter(None, ("eval", label, s.name))),
-                                 pass_k=list(ev.pass_k), maj_k=list(ev.maj_k), num_samples=pass_k_samples(ev))
+                                 pass_k=list(ev.pass_k), maj_k=list(ev.maj_k), num_samples=pass_k_samples(ev),
+                                 judge=s.judge)
         metrics.update({"dataset": s.dataset, "source": s.source, "held_out": s.held_out,
                         "max_new_tokens": s.max_new_tokens})
         results[s.name] = metrics
@@ -400,8 +446,10 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
 
 def validation_subset(cfg, stage, name: str | None = None) -> list[dict]:
     """The first eval.every_limit problems of a stage's validation split: what is scored during training."""
+    from grpo_exp.core import data
+
     limit = cfg.eval.every_limit
-    if stage.dataset != "gsm8k":
+    if stage.dataset in data.LEVELS:
         limit = min(limit, stage.num_validation)
     return held_out_split(stage, "validation", limit, cfg.train.seed, name)[:limit]
 
@@ -411,8 +459,9 @@ def validation_before(cfg, start_model_dir: Path | None) -> dict:
     first eval.every_limit): the level a run's learning curve starts from (cached as the base figures are)."""
     stage, max_new_tokens = cfg.stage, int(cfg.train.max_completion_length)  # as the periodic evaluation
     examples = validation_subset(cfg, stage)
-    source = "generated" if stage.dataset != "gsm8k" else str(stage.path or stage.hub_id)
-    sets = [EvalSet(stage.name, stage.dataset, max_new_tokens, source, examples, len(examples))]
+    source = "generated" if stage.dataset not in ("gsm8k", "prompts") else str(stage.path or stage.hub_id)
+    sets = [EvalSet(stage.name, stage.dataset, max_new_tokens, source, examples, len(examples),
+                    judge=for_stage(stage, list(cfg.reward.funcs)))]
     result = starting_model_results(cfg, sets, start_model_dir)["sets"][stage.name]
     return {"set": stage.name, "n": result["n"], "accuracy": result["accuracy"]}
 
@@ -429,7 +478,10 @@ def _base_cache_path(cfg, sets: list[EvalSet], start_model_dir: Path | None = No
 
     key = {
         "model": OmegaConf.to_container(cfg.model, resolve=True),
-        "sets": [[s.name, s.dataset, s.max_new_tokens, [ex["question"] for ex in s.examples]] for s in sets],
+        # a prompts set adds its prompts and what decides its accuracy (an edited reward scores the model anew)
+        "sets": [[s.name, s.dataset, s.max_new_tokens, [ex["question"] for ex in s.examples],
+                  *([s.judge.record(), [ex["key"] for ex in s.examples]] if s.judge is not None else [])]
+                 for s in sets],
         "system_prompt": cfg.reward.system_prompt,
         "eval": [cfg.eval.batch_size, cfg.eval.do_sample, cfg.eval.temperature, cfg.eval.seed,
                  list(cfg.eval.pass_k), pass_k_samples(cfg.eval), cfg.quantization.method],
@@ -512,6 +564,9 @@ def before_after(sets: list[EvalSet], before: dict, after: dict, before_label: s
              "", markdown_table(["set (n)", f"{before_label} accuracy [95% CI]", "trained accuracy [95% CI]",
                              "difference [paired 95% CI]",
                              "McNemar p", f"format {before_label} -> trained"], rows)]
+    judged = [f"{s.name}: solved where {s.judge.describe()}" for s in sets if s.judge is not None]
+    if judged:  # accuracy there is a reward's verdict, not the parsed number against `answer`
+        lines += ["", f"Accuracy of {'; '.join(judged)}."]
     return {"before": before_label, "split": split, "sets": out, "table": "\n".join(lines)}
 
 

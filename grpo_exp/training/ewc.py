@@ -350,7 +350,7 @@ def consolidate_fisher(cfg, model, tokenizer, examples: list[dict], old_state: E
         logger.info("ewc.fisher=uniform: every Fisher entry is 1 (an L2 pull to this stage's weights, Anchored "
                     "Weight Decay); no completions sampled, the Fisher estimate skipped")
     else:
-        prompts = [data.to_messages(ex["question"], cfg.reward.system_prompt) for ex in examples]
+        prompts = [data.prompt_messages(ex, cfg.reward.system_prompt) for ex in examples]
         random.Random(cfg.train.seed).shuffle(prompts)
         # every process estimates on its share of the samples, and all of them get the whole estimate
         fisher = estimate(

@@ -28,7 +28,7 @@ import torch
 from transformers import TrainerCallback
 
 from grpo_exp.base import log
-from grpo_exp.core.data import to_messages
+from grpo_exp.core.data import prompt_messages, to_messages
 from grpo_exp.evaluation.generate import evaluate, model_device
 from grpo_exp.training.sampling import sample_batches
 
@@ -46,10 +46,11 @@ class Reference:
 
 
 @torch.no_grad()
-def sample_reference(model, tokenizer, questions: list[str], *, system_prompt: str, max_new_tokens: int,
+def sample_reference(model, tokenizer, questions: list[str | list[dict]], *, system_prompt: str, max_new_tokens: int,
                      seed: int, batch_size: int = 32) -> Reference:
-    """One completion per question from `model` at temperature 1 (its own distribution), with log-probs."""
-    messages = [to_messages(q, system_prompt) for q in questions]
+    """One completion per question (or chat prompt, a list of messages) from `model` at temperature 1 (its own
+    distribution), with log-probs."""
+    messages = [q if isinstance(q, list) else to_messages(q, system_prompt) for q in questions]
     rows = [(enc["input_ids"], enc["attention_mask"], completion, _completion_mask(completion, tokenizer))
             for enc, completion in sample_batches(model, tokenizer, messages, max_new_tokens=max_new_tokens,
                                                   temperature=1.0, batch_size=batch_size, seed=seed)]
@@ -113,8 +114,8 @@ def kl_from_reference(model, ref: Reference) -> dict:
 class ForgettingCallback(TrainerCallback):
     """Every N steps (and after the last): KL from the previous policy and greedy accuracy on earlier stages."""
 
-    def __init__(self, pending_logs: dict, sets: list[tuple[str, list[dict], int, Reference]], every_steps: int, *,
-                 system_prompt: str, batch_size: int):
+    def __init__(self, pending_logs: dict, sets: list[tuple[str, list[dict], int, Reference, object]],
+                 every_steps: int, *, system_prompt: str, batch_size: int):
         self.pending_logs = pending_logs  # the trainer merges and clears it in its next log() call
         self.sets, self.every_steps = sets, every_steps
         self.system_prompt, self.batch_size = system_prompt, batch_size
@@ -128,12 +129,12 @@ class ForgettingCallback(TrainerCallback):
 
     def measure(self, model, tokenizer) -> dict:
         row = {}
-        for name, examples, max_new_tokens, reference in self.sets:
+        for name, examples, max_new_tokens, reference, judge in self.sets:
             started = time.perf_counter()
             kl = kl_from_reference(model, reference)
             metrics, _ = evaluate(model, tokenizer, examples, system_prompt=self.system_prompt,
                                   max_new_tokens=max_new_tokens, batch_size=self.batch_size,
-                                  desc=f"forgetting eval {name}")
+                                  desc=f"forgetting eval {name}", judge=judge)
             row.update({
                 f"forgetting/{name}/kl": kl["kl"],
                 f"forgetting/{name}/kl_per_token": kl["kl_per_token"],
@@ -150,6 +151,7 @@ def forgetting_callback(cfg, pending_logs: dict, previous_dir) -> ForgettingCall
     """The `eval.forgetting_sets` callback of a stage, its reference sampled from `previous_dir` (init_from's
     model/ on disk: the previous stage's policy, also when this stage resumes from a checkpoint)."""
     from grpo_exp.core import models
+    from grpo_exp.evaluation.judge import for_stage
     from grpo_exp.evaluation.run import set_settings, validation_subset
 
     t0 = time.time()
@@ -158,10 +160,11 @@ def forgetting_callback(cfg, pending_logs: dict, previous_dir) -> ForgettingCall
     for name in dict.fromkeys(cfg.eval.forgetting_sets):
         stage, max_new_tokens = set_settings(cfg, name)
         examples = validation_subset(cfg, stage, name)
-        reference = sample_reference(previous, tokenizer, [ex["question"] for ex in examples],
+        reference = sample_reference(previous, tokenizer,
+                                     [prompt_messages(ex, cfg.reward.system_prompt) for ex in examples],
                                      system_prompt=cfg.reward.system_prompt, max_new_tokens=max_new_tokens,
                                      seed=cfg.train.seed, batch_size=cfg.eval.batch_size)
-        sets.append((name, examples, max_new_tokens, reference))
+        sets.append((name, examples, max_new_tokens, reference, for_stage(stage, list(cfg.reward.funcs))))
     del previous
     logger.info("forgetting reference for %s sampled from %s in %.1f s", ", ".join(s[0] for s in sets),
                 previous_dir, time.time() - t0)

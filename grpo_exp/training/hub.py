@@ -73,14 +73,25 @@ FETCH_GSM8K = ("python -c \"from datasets import load_dataset; [load_dataset('{h
                ".to_json(f'gsm8k/{{s}}.jsonl') for s in ('train', 'test')]\"")
 
 
+# a prompts stage's hub dataset (its train split) as a local JSONL file
+FETCH_PROMPTS = ("python -c \"from datasets import load_dataset; load_dataset('{hub_id}'{config}, split='train')"
+                 ".to_json('my_prompts.jsonl')\"")
+
+
 def check_dataset(stage) -> None:
-    """stage=gsm8k without stage.path reads the hub at the start of training: fail now, in one line saying how to
-    give a local copy, where the hub does not answer and the datasets cache does not hold it."""
-    if stage.dataset != "gsm8k" or stage.path:
+    """stage=gsm8k (or a prompts stage) without stage.path reads the hub at the start of training: fail now, in one
+    line saying how to give a local copy, where the hub does not answer and the datasets cache does not hold it."""
+    if stage.dataset not in ("gsm8k", "prompts") or stage.path:
         return
     reason = hub_silent()
     if reason is None or _cached(stage.hub_id):
         return
+    if stage.dataset == "prompts":
+        config = f", '{stage.hub_config}'" if stage.hub_config else ""
+        raise ConfigError(f"stage.hub_id={stage.hub_id} is read from the hub, which cannot be reached ({reason}), and "
+                          f"the datasets cache does not hold it; give a local copy with stage.path=<JSONL file>, "
+                          f"written once where the hub answers with: "
+                          f"{FETCH_PROMPTS.format(hub_id=stage.hub_id, config=config)}")
     fetch = FETCH_GSM8K.format(hub_id=stage.hub_id, config=stage.hub_config)
     raise ConfigError(f"stage.dataset=gsm8k reads {stage.hub_id} from the hub, which cannot be reached ({reason}), "
                       f"and the datasets cache does not hold it; give a local copy with stage.path=<dir holding "

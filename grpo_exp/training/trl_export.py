@@ -184,7 +184,16 @@ def script_keys(cfg: DictConfig, notes: list[str]) -> dict[str, Any]:
 
     stage = cfg.stage
     keys: dict[str, Any] = {"dataset_name": None, "dataset_config": None, "dataset_train_split": "train"}
-    if stage.dataset == "gsm8k" and not stage.path:
+    if stage.dataset == "prompts":
+        if not stage.path:
+            keys.update(dataset_name=str(stage.hub_id), dataset_config=str(stage.hub_config) or None)
+        notes.append(f"dataset: {stage.path or stage.hub_id}, a `prompt` column as TRL reads it. grpo-exp held a "
+                     f"validation ({stage.validation_fraction:g}) and a test ({stage.test_fraction:g}) share out by a "
+                     f"seeded hash of each prompt (stage.split_seed), and put the system prompt before prompts without "
+                     f"one; TRL trains on the whole " + ("split" if not stage.path else "file: write the training split "
+                     f"with `grpo-data stage={stage.name} stage.path={stage.path} split=train out={stage.name}_train.jsonl` "
+                     f"and set dataset_name (or `datasets:`) to it"))
+    elif stage.dataset == "gsm8k" and not stage.path:
         keys.update(dataset_name=str(stage.hub_id), dataset_config=str(stage.hub_config))
         notes.append(f"dataset: {stage.hub_id} ({stage.hub_config}). grpo-exp held a validation share "
                      f"({stage.validation_fraction:g}) out of its train split by a seeded hash (train.seed={cfg.train.seed}) "
