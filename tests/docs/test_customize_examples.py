@@ -56,5 +56,10 @@ def test_customize_examples_run_in_order(tmp_path):
     assert (repo / "outputs" / "beads_run" / "before_after.json").is_file()
     assert "rewards/brevity/mean" in (repo / "outputs" / "brevity_run" / "history.jsonl").read_text()
     assert "rewards/near_miss/mean" in (repo / "outputs" / "near_miss_run" / "history.jsonl").read_text()
+    prompts_run = repo / "outputs" / "prompts_run"  # stage=prompts: the columns reached the rewards, which logged
+    assert "Accuracy of prompts: solved where my_task_rewards:solved >= 1" in (prompts_run / "before_after.md").read_text()
+    history = (prompts_run / "history.jsonl").read_text()
+    assert "rewards/max_exact/mean" in history and "parsed_share" in history
+    assert '"extra": {"parsed": ' in (prompts_run / "completions.jsonl").read_text()
     assert (repo / "outputs" / "my_model_run" / "model" / "config.json").is_file()
     assert not (ROOT / "conf" / "stage" / "beads.yaml").exists()
