@@ -81,14 +81,16 @@ def test_the_hash_split_depends_on_the_prompt_and_the_seed_alone(tmp_path):
     assert not (first["train"] & first["validation"] or first["train"] & first["test"]
                 or first["validation"] & first["test"])
     assert all(35 <= len(first[name]) <= 65 for name in ("validation", "test")), {k: len(v) for k, v in first.items()}
-    # shuffled, with rows added and a row repeated: every prompt keeps its split, and a repeat goes with it
-    more = rows + [{"prompt": f"Halve {i * 2}.", "solution": str(i)} for i in range(50)] + [rows[1]]
+    # shuffled, with rows added and a prompt repeated: every prompt keeps its split, and a repeat goes with it
+    more = rows + [{"prompt": f"Halve {i * 2}.", "solution": str(i)} for i in range(50)] + [{**rows[1], "weight": -1}]
     random.Random(1).shuffle(more)
     second = {name: [ex["key"] for ex in split(write_rows(tmp_path / "b.jsonl", more), name)]
               for name in ("train", "validation", "test")}
     for name in first:
         assert first[name] <= set(second[name])
-    assert sum(key == prompt_table.prompt_key(rows[1]["prompt"]) for key in sum(second.values(), [])) == 2
+    # the same prompt with other columns: the same split (the hash reads the prompt alone)
+    assert [key for key in second[next(n for n in first if prompt_table.prompt_key(rows[1]["prompt"]) in first[n])]
+            if key == prompt_table.prompt_key(rows[1]["prompt"])] == [prompt_table.prompt_key(rows[1]["prompt"])] * 2
     other_seed = {ex["key"] for ex in split(tmp_path / "a.jsonl", "test", seed=7)}
     assert other_seed != first["test"]
     # the training seed orders (and picks) the training rows, never which rows are held out
@@ -240,3 +242,17 @@ def test_a_good_prompts_stage_passes_the_pre_check(tmp_path):
                               "debug=smoke", "reward.funcs=[answer_format]", "reward.weights=null",
                               f"hydra.run.dir={tmp_path / 'run'}"], check)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.usefixtures("fresh_hydra")
+def test_a_hub_dataset_out_of_reach_is_one_line_saying_how_to_give_a_local_copy(tmp_path, monkeypatch):
+    from grpo_exp.training import hub
+
+    monkeypatch.setattr(hub, "hub_silent", lambda: "HF_HUB_OFFLINE is set")
+    monkeypatch.setattr(hub, "_cached", lambda hub_id: False)
+    with pytest.raises(ConfigError) as err:
+        check_overrides("train", ["model=tiny_random", "logger=none", "stage=prompts", "stage.hub_id=org/rows",
+                                  f"hydra.run.dir={tmp_path / 'run'}"], check)
+    line = str(err.value)
+    assert line.startswith("stage.hub_id=org/rows is read from the hub, which cannot be reached (HF_HUB_OFFLINE is "
+                           "set)") and "load_dataset('org/rows', split='train')" in line and "\n" not in line
