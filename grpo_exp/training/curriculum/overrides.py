@@ -14,8 +14,9 @@ _PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resu
                    "push_to_hub")
 
 
-# what makes a stage that stage: an override of these would turn every stage of a curriculum into one
-_STAGE_IDENTITY = ("name", "dataset", "path", "hub_id", "hub_config")
+# what makes a stage that stage: an override of these would turn every stage of a curriculum into one (a prompts
+# stage's eval_reward judges its own rows; on any other stage it is refused)
+_STAGE_IDENTITY = ("name", "dataset", "path", "hub_id", "hub_config", "eval_reward")
 
 
 def override_key(override: str) -> str:
