@@ -61,7 +61,8 @@ train: $(CORE) $(if $(findstring logger=trackio,$(ARGS)),$(call extra,trackio)) 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not long" $(ARGS)
 
-# The tests marked long (more than 5 minutes each on 2 cores), which `make test` leaves out.
+# The tests marked long (more than 5 minutes each on 2 cores, or repeats of a case make test covers), which
+# `make test` leaves out to stay near 20 minutes.
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long $(ARGS)
 

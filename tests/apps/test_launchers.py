@@ -110,7 +110,7 @@ def test_submitit_local_sweep_keeps_its_folder_beside_the_jobs(tmp_path_factory)
     assert len(logs) == 2, logs  # submitit's own job logs, one per job
 
 
-@pytest.mark.slow
+@pytest.mark.long  # ray starts a cluster of its own; the other launchers are make test's
 def test_ray_sweep_runs_jobs_as_ray_tasks(tmp_path_factory):
     proc, sweep_dir = sweep(tmp_path_factory, "ray", "2,3", "logger=none")
     check_jobs(proc, sweep_dir, [2, 3], threads=1)  # conf/hydra/launcher/ray.yaml: remote.num_cpus 1

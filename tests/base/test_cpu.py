@@ -105,7 +105,7 @@ print(json.dumps({"malloc": cpu.apply(cfg.cpu)["malloc"], "later_glibc": later, 
 """
 
 
-@pytest.mark.slow
+@pytest.mark.long  # two training runs in subprocesses
 def test_malloc_retain_reuses_freed_memory_and_changes_no_number(tmp_path):
     """cpu.malloc=retain keeps freed blocks for reuse (a 64 MB tensor allocated again faults no fresh pages in,
     where glibc's own policy maps and zero-fills it anew every time), and a GRPO run computes the same losses,

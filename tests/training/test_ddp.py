@@ -185,6 +185,7 @@ def test_the_fisher_of_two_processes_is_the_one_process_estimate(two_trl, one, t
     assert any(float(v.abs().max()) > 0 for n, v in got.items() if n.startswith("fisher."))
 
 
+@pytest.mark.long  # a killed one-process run's resume is make test's (test_reliability.py)
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_result(two, tmp_path):
     """Rank 0 dies (no clean-up) right after publishing checkpoint-2, torchrun takes rank 1 down; a 2-process
     resume takes over the lock, continues from checkpoint-2 with each rank's RNG state, and ends where the

@@ -109,8 +109,10 @@ def test_nan_reward_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, test_
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [
     ["train.gradient_accumulation_steps=1"],
-    ["train.gradient_accumulation_steps=2", "train.per_device_train_batch_size=2", "train.steps_per_generation=null"],
-    ["train.steps_per_generation=2"],
+    # the other layouts repeat the case with accumulation and with several steps a round: make test-long's
+    pytest.param(["train.gradient_accumulation_steps=2", "train.per_device_train_batch_size=2",
+                  "train.steps_per_generation=null"], marks=pytest.mark.long),
+    pytest.param(["train.steps_per_generation=2"], marks=pytest.mark.long),
 ])
 def test_a_skipped_step_changes_no_parameter_or_optimizer_state(tmp_path, test_rewards, monkeypatch, layout):
     """on_nonfinite=skip: the round whose rewards hold a NaN trains nothing (every step fed by it, every
@@ -245,7 +247,9 @@ def test_a_full_disk_while_saving_model_dir_changes_nothing(tmp_path, tiny_model
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", ["published:checkpoint-4", "published:model", "retired:model"])
+@pytest.mark.parametrize("kill_at", ["published:checkpoint-4",  # the other two points are make test-long's
+                                     pytest.param("published:model", marks=pytest.mark.long),
+                                     pytest.param("retired:model", marks=pytest.mark.long)])
 def test_a_kill_inside_a_publish_is_repaired_on_resume(tmp_path, kill_at):
     """A fault hook kills the run (no clean-up) at a step of publishing checkpoint-4 or model/; resume
     leaves exactly one complete copy, which loads, and a history with every step once."""
@@ -317,7 +321,7 @@ def test_resume_with_changed_training_settings_names_each_key(tmp_path, test_rew
     assert metrics["status"] == "completed"
 
 
-@pytest.mark.slow
+@pytest.mark.long  # the single kills above are make test's; five in a row are make test-long's
 def test_soak_five_sigkills_at_random_points_end_where_an_uninterrupted_run_ends(tmp_path, request):
     """SIGKILL at 5 seeded-random moments (mid-step, mid-save, mid-log), resuming after each: the final
     weights and optimizer state equal an uninterrupted run's (atol 1e-5, rtol 1e-4: thread scheduling may
