@@ -32,7 +32,7 @@ from grpo_exp.base.run_files import HISTORY_FILE, MODEL_DIR, SPEED_PLAN_FILE
 from grpo_exp.config.recipe import generation_batch
 from grpo_exp.config.speed import plan_for
 from grpo_exp.core import data, models, rewards
-from grpo_exp.training import checkpoints, dynamic_sampling, ewc, loggers, lora, run_dir as run_directory
+from grpo_exp.training import checkpoints, dynamic_sampling, ewc, loggers, lora, pace, run_dir as run_directory
 from grpo_exp.training.guards import GracefulStop, NonFiniteError
 from grpo_exp.training.model_card import write_cards
 from grpo_exp.training.curriculum.replay import mixed_examples
@@ -179,6 +179,7 @@ class StageRun:
         self.cfg, self.run_dir, self.parts, self.monitor, self.started = cfg, run_dir, parts, monitor, started
         self.plan = plan  # the resolved speed plan (config/speed.py)
         self.stopper = GracefulStop()  # a stop request at a step's end (the signals are base/stop.py's)
+        self.pace_key: str | None = None  # this run's shape on this machine (training/pace.py), once built
 
     def build(self, tracker, run_state):
         report_to = [tracker.report_to] if tracker is not None else []  # "wandb" or "trackio"
@@ -190,8 +191,10 @@ class StageRun:
                                 report_to=report_to, run_state=run_state, plan=self.plan)
         if main:  # what this run computes with: the resolved speed plan, less what the model forced off
             write_json(self.run_dir / SPEED_PLAN_FILE, trainer.speed_plan.record())
-            logger.info("training %s on %s: %d steps, %s; files in %s", cfg.model.name, cfg.stage.name,
-                        cfg.train.max_steps, trainer.speed_plan.summary(), self.run_dir)
+            self.pace_key = pace.shape_key(cfg, trainer.speed_plan.summary())
+            logger.info("training %s on %s: %d steps, %s; %s; files in %s", cfg.model.name, cfg.stage.name,
+                        cfg.train.max_steps, trainer.speed_plan.summary(),
+                        pace.estimate(cfg.paths.cache_dir, self.pace_key, cfg.train.max_steps), self.run_dir)
         if cfg.eval.every_steps and main:
             from grpo_exp.training.periodic_eval import held_out_callback
 
@@ -221,6 +224,8 @@ class StageRun:
         if abandoned is not None or stop.requested() is not None:  # a checkpoint, metrics.json, Stopped raised
             run_directory.end_stopped(self.run_dir, trainer, self._metrics(trainer, resume_from, threads, "interrupted"),
                                      abandoned)
+        if resume_from is None and self.pace_key is not None:  # a resumed run's first steps may be another machine's
+            pace.record(self.cfg.paths.cache_dir, self.pace_key, self.monitor.step_times)
         try:
             return self._save_and_evaluate(trainer, resume_from, threads)
         except stop.Stopped as err:
