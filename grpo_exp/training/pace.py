@@ -36,7 +36,7 @@ def shape_key(cfg, plan_summary: str) -> str:
     """The shape of `cfg`'s training step on this machine, as one string."""
     t = cfg.train
     threads = cpu.applied().get("threads", cfg.cpu.threads)
-    return (f"{cpu_name()}; {threads} threads x {dist.world_size()} processes; {cfg.model.name}; {cfg.stage.name}; "
+    return (f"{cpu_name()}; {threads} threads x {dist.world_size()} process(es); {cfg.model.name}; {cfg.stage.name}; "
             f"{plan_summary}; {t.num_generations} completions of at most {t.max_completion_length} tokens; batch "
             f"{t.per_device_train_batch_size} x {t.gradient_accumulation_steps}; steps_per_generation "
             f"{t.steps_per_generation}; beta {t.beta}")
