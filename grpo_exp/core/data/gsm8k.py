@@ -48,17 +48,12 @@ def _example(row: Any, where: str) -> dict:
     }
 
 
-def load_jsonl(path: str | Path) -> list[dict]:
-    """Parse a GSM8K-format JSONL file; blank lines are skipped."""
-    path = Path(path)
-    if not path.exists():
-        raise DataFileError(f"GSM8K file not found: {path}")
-    if not path.is_file():
-        raise DataFileError(f"GSM8K path is not a file: {path}")
-    examples = []
+def json_lines(path: Path, kind: str):
+    """(the JSON value, '<kind> file <path>, line N') of each non-blank line of `path`; a line that is not UTF-8 or
+    not JSON is a DataFileError naming the file and the line."""
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
-            where = f"GSM8K file {path}, line {lineno}"
+            where = f"{kind} file {path}, line {lineno}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -66,11 +61,20 @@ def load_jsonl(path: str | Path) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                value = json.loads(line)
             except json.JSONDecodeError as err:
-                raise DataFileError(
-                    f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
-            examples.append(_example(row, where))
+                raise DataFileError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
+            yield value, where
+
+
+def load_jsonl(path: str | Path) -> list[dict]:
+    """Parse a GSM8K-format JSONL file; blank lines are skipped."""
+    path = Path(path)
+    if not path.exists():
+        raise DataFileError(f"GSM8K file not found: {path}")
+    if not path.is_file():
+        raise DataFileError(f"GSM8K path is not a file: {path}")
+    examples = [_example(row, where) for row, where in json_lines(path, "GSM8K")]
     if not examples:
         raise DataFileError(f"GSM8K file is empty: {path}")
     return examples

@@ -12,7 +12,7 @@ from typing import Any
 from grpo_exp.base.text import error_line, one_line
 
 from .generators import sample_stream, split_of
-from .gsm8k import DataFileError
+from .gsm8k import DataFileError, json_lines
 
 PROMPT = "prompt"
 # TRL calls a reward with these keywords beside the dataset's columns: a column of the same name would be passed
@@ -62,22 +62,10 @@ def _local(stamps: tuple[tuple[str, int, int], ...], shown: str) -> Table:
 def _read_jsonl(path: Path) -> list[tuple[dict, str]]:
     """(row, 'prompts file F, line N') of each non-blank line."""
     rows = []
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            where = f"prompts file {path}, line {lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise DataFileError(f"{where}: not valid UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataFileError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise DataFileError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            rows.append((row, where))
+    for row, where in json_lines(path, "prompts"):
+        if not isinstance(row, dict):
+            raise DataFileError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        rows.append((row, where))
     return rows
 
 
