@@ -448,6 +448,7 @@ def test_a_run_with_a_split_seed_is_scored_on_that_partition(tmp_path, tiny_mode
 
 def test_base_figures_are_cached_per_settings(tmp_path, tiny_model, monkeypatch):
     import grpo_exp.evaluation.run as ev
+    from grpo_exp.evaluation import start_cache
 
     model, tokenizer = tiny_model
     # eval.every_steps=null: no validation level for a learning curve, so one cache entry per set of problems
@@ -477,9 +478,9 @@ def test_base_figures_are_cached_per_settings(tmp_path, tiny_model, monkeypatch)
     assert set(settings) == {"threads", "torch", "transformers", "trl", "model_package", "precision", "isa"}
     # another thread count, precision or library version can change the answers: another entry
     for changed in ({"threads": 99}, {"precision": "other"}, {"trl": "0.0"}, {"isa": "other"}):
-        real = ev.evaluation_machine
-        monkeypatch.setattr(ev, "evaluation_machine", lambda cfg, real=real, changed=changed: {**real(cfg), **changed})
-        path, _ = ev._base_cache_path(cfg, ev.load_sets(cfg))
+        real = start_cache.evaluation_machine
+        monkeypatch.setattr(start_cache, "evaluation_machine", lambda cfg, real=real, changed=changed: {**real(cfg), **changed})
+        path, _ = start_cache.cache_path(cfg, ev.load_sets(cfg))
         assert path != cached[0], changed
         monkeypatch.undo()
 
