@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, ListConfig
+from omegaconf import MISSING, ListConfig, OmegaConf
 
 from grpo_exp.base.cpu import resolve_malloc, resolve_threads, resolve_wait_policy
 from grpo_exp.base.errors import ConfigError
@@ -485,6 +485,9 @@ class RunConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     # a run directory (or its model/) to continue from, with its EWC state when ewc.lambda > 0
     init_from: Optional[str] = None
+    # keys an experiment cannot run without and the command line must give (`requires: [init_from]`): a Hydra `???`
+    # merged onto a schema default silently keeps the default, so an experiment names them here instead
+    requires: List[str] = field(default_factory=list)
     # false, true (continue the run in paths.output_dir = hydra.run.dir) or the run directory to continue
     resume: Any = False
     # resume even where the training settings differ from the run's first start (named in a warning)
@@ -515,6 +518,9 @@ class RunConfig:
         require(isinstance(cfg.resume, bool) or (isinstance(cfg.resume, str) and Path(cfg.resume).is_dir()),
                 f"resume={cfg.resume!r} must be true, false or an existing run directory")
         require(cfg.completions_every >= 1, f"completions_every={cfg.completions_every} must be >= 1")
+        for key in cfg.get("requires") or []:
+            require(OmegaConf.select(cfg, key) not in (None, ""),
+                    f"{key} is not set and this experiment needs it (requires={list(cfg.requires)}): add {key}=<value>")
         if cfg.init_from:
             require(Path(cfg.init_from).exists(), f"init_from={cfg.init_from} does not exist; give the run directory "
                                                   f"of an earlier stage (it holds model/)")

@@ -61,6 +61,21 @@ def test_a_sweep_experiment_without_m_is_refused_naming_m():
     assert line.startswith("experiment=continual is a sweep (over ") and " -m experiment=continual" in line
 
 
+def test_an_experiment_that_needs_init_from_is_refused_without_it_and_every_job_of_its_sweep_named(tmp_path):
+    sweep_dir = tmp_path / "probes"
+    line = refusal(["-m", "experiment=two_step_probes", f"hydra.sweep.dir={sweep_dir}"])
+    assert line.startswith("init_from is not set and this experiment needs it (requires=['init_from']): "
+                           "add init_from=<value> (all 4 jobs)"), line
+    assert not sweep_dir.exists()
+    start = tmp_path / "start"
+    (start / "model").mkdir(parents=True)
+    (start / "model" / "config.json").write_text("{}\n")
+    sweep_check.checked_jobs.clear()
+    check_overrides("train", ["-m", "experiment=two_step_probes", f"init_from={start}", "model=tiny_random",
+                              f"hydra.sweep.dir={sweep_dir}"], check)
+    assert len(sweep_check.checked_jobs) == 4
+
+
 def test_resume_with_nothing_to_resume_is_refused_naming_the_run_directory(tmp_path):
     empty = tmp_path / "nothing"
     line = refusal(["model=tiny_random", "resume=true", f"hydra.run.dir={empty}"])
