@@ -108,8 +108,20 @@ def curve_table(jobs: list[dict], labels: list[str], name: str = "basic") -> pd.
     return pd.DataFrame(rows)
 
 
-def plot(jobs: list[dict], labels: list[str], path, name: str = "basic"):
-    """Accuracy against core-minutes: per variant one colour, each seed a thin line, its fit dashed."""
+def trained_set(jobs: list[dict]) -> str:
+    """The set the jobs trained on (their stage), where the most of them evaluated it periodically; basic if none."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        stage = job.get("row", {}).get("stage")
+        if stage and stage in (job.get("periodic") or {}):
+            counts[stage] = counts.get(stage, 0) + 1
+    return max(counts, key=counts.get) if counts else "basic"
+
+
+def plot(jobs: list[dict], labels: list[str], path, name: str | None = None):
+    """Accuracy against core-minutes on set `name` (None: the stage the jobs trained on): per variant one colour,
+    each seed a thin line, its fit dashed."""
+    name = name or trained_set(jobs)
     fitted = fits(jobs, labels, name)
     if not fitted:
         return None

@@ -10,7 +10,7 @@ from grpo_exp.analysis import aggregates, compute_curve
 
 
 def _job(r0: float, a: float, b: float, mid: float, seconds_per_step: float = 30.0, noise: float = 0.0,
-         seed: int = 0, every: int = 10, steps: int = 120) -> dict:
+         seed: int = 0, every: int = 10, steps: int = 120, stage: str = "basic") -> dict:
     """A job's files as the report loads them: history rows with cpu_s_total, periodic evaluations on the curve."""
     rng = np.random.default_rng(seed)
     history = []
@@ -19,10 +19,10 @@ def _job(r0: float, a: float, b: float, mid: float, seconds_per_step: float = 30
         if step % every == 0:
             core_min = step * seconds_per_step / 60
             acc = float(compute_curve.curve(np.array([core_min]), r0, a, b, mid)[0]) + noise * rng.standard_normal()
-            row.update({"eval/basic/accuracy": round(acc, 4), "eval/basic/n": 200})
+            row.update({f"eval/{stage}/accuracy": round(acc, 4), f"eval/{stage}/n": 200})
         history.append(row)
-    return {"history": history, "periodic": aggregates.periodic_accuracy(history),
-            "before_after": {"validation_before": {"set": "basic", "accuracy": r0, "n": 200}}}
+    return {"row": {"stage": stage}, "history": history, "periodic": aggregates.periodic_accuracy(history),
+            "before_after": {"validation_before": {"set": stage, "accuracy": r0, "n": 200}}}
 
 
 def test_the_fit_recovers_the_curve_it_was_drawn_from():
@@ -56,3 +56,10 @@ def test_an_arms_figures_are_over_its_seeds_and_the_plot_is_drawn(tmp_path):
     assert low < float(mean) < high and abs(float(mean) - 0.55) < 0.05
     assert compute_curve.plot(jobs, labels, tmp_path / "compute_curve.png").stat().st_size > 10_000
     assert compute_curve.plot([], [], tmp_path / "none.png") is None
+
+
+def test_the_plot_follows_the_stage_the_jobs_trained_on():
+    jobs = [_job(0.1, 0.4, 1.0, 10.0, seed=s, stage="two_step") for s in range(2)]
+    assert compute_curve.trained_set(jobs) == "two_step" and compute_curve.trained_set([]) == "basic"
+    assert compute_curve.fits(jobs, ["a", "a"], "basic") == []
+    assert len(compute_curve.fits(jobs, ["a", "a"], compute_curve.trained_set(jobs))) == 2
