@@ -83,6 +83,10 @@ class TrainConfig:
         require(train.temperature > 0, f"train.temperature={train.temperature} must be > 0")
         require(0 < train.top_p <= 1, f"train.top_p={train.top_p} must be in (0, 1]")
         require(train.beta >= 0, f"train.beta={train.beta} must be >= 0")
+        # a warm-up as long as the run never reaches the learning rate it was given
+        require(0 <= train.warmup_steps < train.max_steps,
+                f"train.warmup_steps={train.warmup_steps} must be >= 0 and below train.max_steps={train.max_steps} "
+                f"(the warm-up would not end within the run)")
         _check_policy_loss(train)
         require(train.dynamic_sampling_max_draws >= 1,
                 f"train.dynamic_sampling_max_draws={train.dynamic_sampling_max_draws} must be >= 1 (extra "

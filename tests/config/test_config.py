@@ -68,6 +68,8 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
      "train.importance_sampling_level='seq' is not valid; choose one of: token, sequence"),
     (["train.epsilon_high=-0.1"], "train.epsilon_high=-0.1 must be a finite number >= 0"),
     (["train.epsilon=-0.2"], "train.epsilon=-0.2 must be a finite number >= 0"),
+    (["train.warmup_steps=90"], "train.warmup_steps=90 must be >= 0 and below train.max_steps=90"),
+    (["train.warmup_steps=-1"], "train.warmup_steps=-1 must be >= 0"),
     (["train.entropy_coef=-0.01"], "train.entropy_coef=-0.01 must be a finite number >= 0"),
     (["train.entropy_coef=inf"], "train.entropy_coef=inf must be a finite number >= 0"),
     (["train.top_entropy_quantile=0"], "train.top_entropy_quantile=0.0 must be in (0, 1]"),
