@@ -27,6 +27,7 @@ def validate(cfg: Any) -> None:
                           f"but there is none: set init_from=<run dir of that stage> or run a curriculum")
     _check_init_split(cfg)
     _check_adaptive(cfg)
+    _check_sft(cfg)
     if ev.forgetting_sets and not ev.every_steps:
         raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} is measured every eval.every_steps, "
                           f"which is off (null); set eval.every_steps=<N>")
@@ -67,6 +68,20 @@ def head_width(model: Any) -> int | None:
         return values.get("head_dim") or values["hidden_size"] // values["num_attention_heads"]
     except (ValueError, KeyError, TypeError, ZeroDivisionError):
         return None
+
+
+def _check_sft(cfg: Any) -> None:
+    """train.method=sft learns worked solutions (core/data/solutions.py): a generated level's or GSM8K's, on the
+    stage's own problems."""
+    if cfg.train.get("method", "grpo") != "sft":
+        return
+    if cfg.stage.dataset not in (*LEVELS, "gsm8k"):
+        raise ConfigError(f"train.method=sft trains on worked solutions, which stage.dataset={cfg.stage.dataset} "
+                          f"does not have; use a generated level ({', '.join(LEVELS)}) or gsm8k, or train.method=grpo")
+    if cfg.curriculum.mode == "adaptive" or cfg.curriculum.replay > 0:
+        what = "curriculum.mode=adaptive" if cfg.curriculum.mode == "adaptive" else f"curriculum.replay={cfg.curriculum.replay}"
+        raise ConfigError(f"train.method=sft trains on one stage's problems; {what} mixes stages, which only "
+                          f"train.method=grpo does")
 
 
 def _check_adaptive(cfg: Any) -> None:

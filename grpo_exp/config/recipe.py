@@ -64,9 +64,13 @@ class TrainConfig:
     # and replaced by groups of newly drawn prompts, for at most dynamic_sampling_max_draws extra rounds
     dynamic_sampling: bool = False
     dynamic_sampling_max_draws: int = 3
+    # grpo: TRL's GRPOTrainer; sft: TRL's SFTTrainer on the stage's worked solutions at the same optimizer settings
+    # (training/sft.py: the continual-learning study's supervised arm)
+    method: str = "grpo"
     # Any other GRPOConfig field, passed through after a name check
     extra: Any = field(default_factory=dict)
 
+    METHODS = ("grpo", "sft")
     LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
     IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
     REWARD_SCALINGS = ("group", "batch", "none")
@@ -92,6 +96,7 @@ class TrainConfig:
                 f"train.dynamic_sampling_max_draws={train.dynamic_sampling_max_draws} must be >= 1 (extra "
                 f"generation rounds a step may draw; train.dynamic_sampling=false turns dynamic sampling off)")
         require_choice("train.precision", train.precision, PRECISIONS)
+        require_choice("train.method", train.get("method", "grpo"), TrainConfig.METHODS)
         require_choice("train.loss_type", train.loss_type, TrainConfig.LOSS_TYPES)
         require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)
         gen_batch, _ = generation_batch(train)

@@ -56,7 +56,8 @@ def front_matter(cfg, adapter: bool = False) -> str:
     from huggingface_hub import ModelCardData
 
     base, dataset = base_model(cfg.model), hub_dataset(cfg.stage)
-    tags = [*TAGS, str(cfg.stage.name), *(["lora", "peft"] if adapter else [])]
+    sft = cfg.train.get("method", "grpo") == "sft"
+    tags = [*(("sft", "trl", "grpo-exp") if sft else TAGS), str(cfg.stage.name), *(["lora", "peft"] if adapter else [])]
     data = ModelCardData(base_model=base, library_name="peft" if adapter else "transformers",
                          datasets=[dataset] if dataset else None, tags=list(dict.fromkeys(tags)),
                          pipeline_tag="text-generation", model_name=cfg.get("hub_model_id") or None)
@@ -114,7 +115,9 @@ def card_text(cfg, run_dir: str | Path, *, adapter: bool = False, steps: int | N
     if status != "completed":
         trained += f", {status} before the planned {cfg.train.max_steps}"
     what = "A LoRA adapter for" if adapter else "A fine-tune of"
-    lines += [f"{what} {start}, trained with GRPO by grpo-exp (a Hydra-configured GRPO framework on "
+    how = ("supervised fine-tuning on worked solutions (TRL's SFTTrainer)" if cfg.train.get("method", "grpo") == "sft"
+           else "GRPO")
+    lines += [f"{what} {start}, trained with {how} by grpo-exp (a Hydra-configured GRPO framework on "
               f"[TRL](https://github.com/huggingface/trl)) on the `{cfg.stage.name}` stage: {where}; "
               f"{trained}."]
     mixed = trained_on(cfg)

@@ -26,7 +26,7 @@ from grpo_exp.training.rollout.old_logps import OldLogps
 logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra", "dynamic_sampling", "dynamic_sampling_max_draws"}
+_NOT_GRPO_FIELDS = {"precision", "extra", "dynamic_sampling", "dynamic_sampling_max_draws", "method"}
 
 
 class LossTerm(Protocol):
@@ -264,6 +264,11 @@ def build_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCal
     """The one place a trainer is made: a stage's parts (training.stage.prepare), cfg.train and the speed plan
     (config/speed.plan_for(cfg), the one the settings record holds; a test may pass a plan of its own to compare two
     of them), fitted here to the model once, before the trainer is built (training/plan_fit.fit)."""
+    if cfg.train.get("method", "grpo") == "sft":  # TRL's SFTTrainer on worked solutions (training/sft.py)
+        from grpo_exp.training.sft import build_sft_trainer
+
+        return build_sft_trainer(cfg, parts, output_dir, callbacks, report_to or [], run_state,
+                                 (plan or plan_for(cfg)).precision)
     plan = plan_fit.fit(plan or plan_for(cfg), cfg, parts.model, parts.tokenizer)
     logger.debug("speed plan: %s", ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(plan).items()))
     args = grpo_config(cfg.train, Path(output_dir) / "checkpoints", parts.reward_weights, report_to or [], plan)
