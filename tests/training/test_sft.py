@@ -42,6 +42,7 @@ def test_the_loss_covers_the_worked_solution_and_not_the_prompt(tmp_path):
         assert (labels != -100).sum() < (batch["attention_mask"][0] > 0).sum()
 
 
+@pytest.mark.slow
 def test_a_short_sft_stage_lowers_its_loss_and_writes_the_runs_files(tmp_path):
     run_dir = tmp_path / "run"
     cfg = compose_cfg([*SFT, "train.max_steps=6", "train.learning_rate=3e-3", "train.lr_scheduler_type=constant",
