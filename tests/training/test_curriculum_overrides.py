@@ -24,3 +24,9 @@ def test_an_override_that_names_a_stage_is_refused_in_one_line(tmp_path, overrid
     with pytest.raises(ConfigError, match=r"a curriculum's stages are curriculum\.stages") as err:
         stage_overrides(["curriculum=progressive", override], "basic", tmp_path, None)
     assert override in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_supervised_arm_reaches_every_stage_of_a_curriculum(tmp_path):
+    user = ["curriculum=progressive", "train.method=sft"]
+    cfgs = [compose_stage(stage_overrides(user, s, tmp_path / s, None)) for s in ("basic", "intermediate")]
+    assert [c.train.method for c in cfgs] == ["sft", "sft"]
