@@ -51,17 +51,21 @@ def _adaptive(cur: dict) -> bool:
 
 PLAIN = "plain GRPO"
 # the variant-label parts that method_label says in words (report.variant_labels: "key=value, ...")
-_METHOD_KEYS = ("ewc.lambda=", "curriculum.replay=")
+_METHOD_KEYS = ("ewc.lambda=", "curriculum.replay=", "train.method=", "ewc.fisher=")
 
 
 def method_label(cur: dict, variant: str) -> str:
-    """The method a curriculum job ran, from its curriculum.json (EWC strength, replay share, adaptive mode), then
+    """The method a curriculum job ran, from its curriculum.json (SFT or GRPO, EWC strength and Fisher, replay share,
+    adaptive mode), then
     whatever else its variant label (its swept settings) names; the variant label as it is for a record that does
     not say its EWC strength."""
     if "ewc_lambda" not in cur:
         return variant
     lam, replay = cur.get("ewc_lambda") or 0, cur.get("replay") or 0
-    method = " + ".join([*([f"EWC lambda {lam:g}"] if lam else []), *([f"replay {replay:g}"] if replay else [])])
+    pull = "uniform-Fisher L2" if cur.get("ewc_fisher") == "uniform" else "EWC"  # the Fisher ablation says so
+    sft = cur.get("method") == "sft"  # records from before train.method are GRPO's
+    method = " + ".join([*(["SFT"] if sft else []), *([f"{pull} lambda {lam:g}"] if lam else []),
+                         *([f"replay {replay:g}"] if replay else [])])
     method = (method or PLAIN) + (" (adaptive curriculum)" if _adaptive(cur) else "")
     rest = [p for p in variant.split(", ")
             if not p.startswith(_METHOD_KEYS) and p != DEFAULTS and not (_adaptive(cur) and p == "curriculum=adaptive")]

@@ -91,6 +91,11 @@ def test_a_method_is_named_by_what_its_curriculum_ran():
     assert continual.method_label(ran(0.0, 0.0, "adaptive"), "curriculum=adaptive") == \
         "plain GRPO (adaptive curriculum)"
     assert continual.method_label({}, "x") == "x"  # a record that does not say what it ran keeps its label
+    sft = {**ran(0.0, 0.0), "method": "sft"}
+    assert continual.method_label(sft, "train.method=sft") == "SFT"
+    assert continual.method_label({**sft, "ewc_lambda": 1.0}, "train.method=sft, ewc.lambda=1") == "SFT + EWC lambda 1"
+    uniform = {**ran(10.0, 0.0), "ewc_fisher": "uniform", "method": "grpo"}
+    assert continual.method_label(uniform, "ewc.fisher=uniform, ewc.lambda=10") == "uniform-Fisher L2 lambda 10"
 
 
 def test_plain_grpo_is_the_baseline_wherever_it_comes_in_the_list():

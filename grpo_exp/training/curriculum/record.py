@@ -41,7 +41,8 @@ def evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list, 
 
 
 def new_result(cfg, stages: list[str]) -> dict:
-    return {"stages": stages, "mode": cfg.curriculum.mode, "ewc_lambda": cfg.ewc["lambda"], "model": cfg.model.name,
+    return {"stages": stages, "mode": cfg.curriculum.mode, "method": cfg.train.get("method", "grpo"),
+            "ewc_lambda": cfg.ewc["lambda"], "ewc_fisher": cfg.ewc.get("fisher", "sampled"), "model": cfg.model.name,
             "seed": cfg.train.seed, "eval_limit": cfg.curriculum.eval_limit, "eval_split": cfg.eval.split,
             "eval_batch_size": cfg.curriculum.eval_batch_size, "init_from": cfg.init_from and str(cfg.init_from), "matrix": [], "base": None,
             "stage_metrics": [], "correct": {"base": None, "rows": []}}
