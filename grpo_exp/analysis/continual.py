@@ -23,7 +23,7 @@ import pandas as pd
 from grpo_exp.base.run_files import STATUS_FILE
 from grpo_exp.analysis.seed_summary import DEFAULTS
 from grpo_exp.evaluation import seed_stats
-from grpo_exp.evaluation.continual import paired_gain, stage_pair
+from grpo_exp.evaluation.continual import forward_transfer, paired_gain, stage_pair, turnover
 
 
 def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict]]:
@@ -149,6 +149,12 @@ def continual_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
         row["BWT"] = _spread([c["bwt"] for c in curs]) if all(c.get("bwt") is not None for c in curs) else ""
         row["max forgetting"] = (_spread([c["forgetting_max"] for c in curs])
                                  if all(c.get("forgetting_max") is not None for c in curs) else "")
+        fwt = [forward_transfer(c["matrix"], c.get("base")) for c in curs]
+        row["FWT"] = _spread(fwt) if fwt and all(f is not None for f in fwt) else ""
+        turns = [turnover(c["correct"]["rows"]) for c in curs]
+        if turns and all(t is not None for t in turns) and not _adaptive(curs[0]):
+            row["earlier solved, lost"] = _spread([t["lost"] for t in turns])
+            row["earlier unsolved, gained"] = _spread([t["gained"] for t in turns])
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -25,6 +25,31 @@ def transfer_metrics(matrix: list[list[float]]) -> dict:
             "forgetting_per_stage": forgetting}
 
 
+def forward_transfer(matrix: list[list[float]], base: list[float] | None) -> float | None:
+    """FWT (Lopez-Paz & Ranzato 2017): each later stage's accuracy before it trained (the previous stage's model,
+    R[j-1][j]) against the start model's (base[j]), averaged over stages 2..T; None without the start row or a
+    second stage."""
+    if not base or len(matrix) < 2:
+        return None
+    gains = [matrix[j - 1][j] - base[j] for j in range(1, len(matrix)) if j < len(matrix[j - 1])]
+    return sum(gains) / len(gains) if gains else None
+
+
+def turnover(rows: list[list[list[int]]]) -> dict | None:
+    """Correct-set turnover: over every stage after the first, the earlier stages' held-out problems the entering
+    model solved and the stage's model lost, and those it gained, as shares of the earlier problems scored (summed
+    over the stages: a problem lost at stage 2 and regained at 3 counts once in each). Accuracy can hold while
+    many problems change hands; None with one stage."""
+    lost = gained = scored = 0
+    for i in range(1, len(rows)):
+        for j in range(i):
+            before, after = rows[i - 1][j], rows[i][j]
+            lost += sum(1 for b, a in zip(before, after) if b and not a)
+            gained += sum(1 for b, a in zip(before, after) if a and not b)
+            scored += len(before)
+    return {"lost": lost / scored, "gained": gained / scored, "scored": scored} if scored else None
+
+
 def stage_gains(stages: list[str], before_first: list[list[int]] | None, rows: list[list[list[int]]]) -> list[dict]:
     """Each stage's gain on its own held-out problems: after training it (rows[i][i]) against before (the
     previous stage's model, rows[i-1][i]; for the first stage the start model, `before_first`), paired over the

@@ -5,7 +5,7 @@ import pytest
 
 from grpo_exp.analysis import continual, tables
 from grpo_exp.evaluation.stats import mcnemar_exact_p
-from grpo_exp.evaluation.continual import transfer_metrics
+from grpo_exp.evaluation.continual import forward_transfer, transfer_metrics, turnover
 
 
 def _curriculum(seed: int, base: list[list[int]], rows: list[list[list[int]]]) -> dict:
@@ -151,3 +151,16 @@ def test_the_report_loads_no_training_code():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_forward_transfer_and_turnover_count_problems_that_change_hands():
+    # PLAIN: stage b before it trained 1/4 (after a), base 0/4: FWT +0.25; of a's 4 problems, a's model solved 3
+    # and b's model kept 1 of them (2 lost), gained none
+    row = continual.continual_table([_job(c) for c in PLAIN], ["plain", "plain"]).iloc[0]
+    assert row["FWT"] == "0.250 (0.250..0.250)"
+    assert row["earlier solved, lost"] == "0.500 (0.500..0.500)" and row["earlier unsolved, gained"].startswith("0.000")
+    # accuracy may hold while problems change hands: 2 of 4 right before and after, with all four swapped
+    swapped = turnover([[[1, 1, 0, 0]], [[0, 0, 1, 1], [1, 1, 1, 1]]])
+    assert swapped == {"lost": 0.5, "gained": 0.5, "scored": 4}
+    assert turnover([[[1, 0]]]) is None and forward_transfer([[0.5]], [0.1]) is None
+    assert forward_transfer([[0.5, 0.3], [0.4, 0.9]], [0.1, 0.2]) == pytest.approx(0.1)

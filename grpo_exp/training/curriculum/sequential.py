@@ -19,7 +19,7 @@ from pathlib import Path
 from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.io import write_json
 from grpo_exp.base.run_files import CURRICULUM_EVAL_FILE, CURRICULUM_FILE
-from grpo_exp.evaluation.continual import format_gains, stage_gains, transfer_metrics
+from grpo_exp.evaluation.continual import format_gains, forward_transfer, stage_gains, transfer_metrics, turnover
 from grpo_exp.training.curriculum import branch, record
 from grpo_exp.training.curriculum.overrides import check_stages, compose_stage, stage_overrides
 from grpo_exp.training.curriculum.record import earlier_result, fmt, format_table, new_result, score_base
@@ -101,6 +101,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         return result
     square = [row + [None] * (len(stages) - len(row)) for row in result["matrix"]]
     result.update(transfer_metrics(result["matrix"]))
+    result["fwt"] = forward_transfer(result["matrix"], result["base"])
+    result["turnover"] = turnover(result["correct"]["rows"])
     rows = ([("base", result["base"])] if result["base"] else []) + list(zip(stages, square))
     result["table"] = format_table(stages, rows)
     result["stage_gains"] = stage_gains(stages, result["correct"]["base"], result["correct"]["rows"])
