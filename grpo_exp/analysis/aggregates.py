@@ -108,13 +108,17 @@ def pooled_counts(eval_file: dict | None, before_after: dict | None) -> dict[str
 def validation_start(job: dict, name: str) -> tuple[str, float, int | None] | None:
     """(who, accuracy, n) of the model a job started from on set `name`'s validation problems: the level its
     learning curve starts from. before_after.json's `validation_before` (the very problems the periodic
-    evaluation scores), else its before/after figures where it scored the validation split, else the
+    evaluation scores), else validation_start.json's (the same, for a run with eval.after_train=false), else its
+    before/after figures where it scored the validation split, else the
     periodic evaluation at step 0; None without any of them."""
     comparison = job.get("before_after") or {}
     who = "starting model" if comparison.get("before") == "start" else "base model"
     start = comparison.get("validation_before") or {}
     if start.get("set") == name and isinstance(start.get("accuracy"), (int, float)):
         return who, start["accuracy"], start.get("n")
+    alone = job.get("validation_start") or {}  # validation_start.json: a run with no before/after evaluation
+    if alone.get("set") == name and isinstance(alone.get("accuracy"), (int, float)):
+        return ("starting model" if alone.get("model") == "start" else "base model"), alone["accuracy"], alone.get("n")
     figures = (comparison.get("sets") or {}).get(name) or {}
     if comparison.get("split") == VALIDATION and isinstance(figures.get("before"), (int, float)):
         return who, figures["before"], figures.get("n")

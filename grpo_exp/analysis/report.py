@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_exp.base.run_files import BEFORE_AFTER_FILE, CURRICULUM_FILE, ERROR_FILE, EVAL_FILE, HISTORY_FILE, METRICS_FILE, STATUS_FILE
+from grpo_exp.base.run_files import (BEFORE_AFTER_FILE, CURRICULUM_FILE, ERROR_FILE, EVAL_FILE, HISTORY_FILE, METRICS_FILE,
+                                     STATUS_FILE, VALIDATION_START_FILE)
 from grpo_exp.analysis import aggregates, compute_curve, ewc_summary, plots, seed_summary, study, tables
 from grpo_exp.analysis.tables import to_markdown
 from grpo_exp.base.io import eval_sets, read_jsonl
@@ -205,6 +206,7 @@ def load_job(job: Path, root: Path | None = None) -> dict:
     row.update(aggregates.periodic_columns(periodic))
     row["dir"] = str(job)
     return {"row": row, "history": history, "curriculum": curriculum, "eval": evaluation, "before_after": before_after,
+            "validation_start": _read_json(job / VALIDATION_START_FILE),
             "periodic": periodic, "quantization": (eval_file or {}).get("quantization") or row.get("quantization")}
 
 

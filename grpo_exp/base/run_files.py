@@ -14,6 +14,9 @@ EVAL_FILE = "eval.json"  # the trained model on eval.split
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"  # every completion of that evaluation
 BEFORE_AFTER_FILE = "before_after.json"  # trained against starting model, paired
 BEFORE_AFTER_TABLE_FILE = "before_after.md"
+# the starting model on the periodic evaluation's validation problems, for a run that scores no before/after
+# (eval.after_train=false): the level its learning curve starts from
+VALIDATION_START_FILE = "validation_start.json"
 SETTINGS_FILE = "training_settings.json"  # the training settings a resume must match
 SPEED_PLAN_FILE = "speed_plan.json"  # the speed plan the run computed with
 LOCK_FILE = ".lock"  # the advisory lock of the process holding the directory

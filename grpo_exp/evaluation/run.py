@@ -450,6 +450,17 @@ def validation_subset(cfg, stage, name: str | None = None) -> list[dict]:
     return held_out_split(stage, "validation", limit, cfg.train.seed, name)[:limit]
 
 
+def write_validation_start(cfg, run_dir, start_model_dir: Path | None) -> dict:
+    """validation_start.json: `validation_before` for a run whose periodic evaluation has no before/after to sit in
+    (eval.after_train=false), so its learning curve (and a compute curve's fit) has the level it starts from."""
+    from grpo_exp.base.io import write_json
+    from grpo_exp.base.run_files import VALIDATION_START_FILE
+
+    start = {**validation_before(cfg, start_model_dir), "model": "start" if start_model_dir else "base"}
+    write_json(Path(run_dir) / VALIDATION_START_FILE, start)
+    return start
+
+
 def validation_before(cfg, start_model_dir: Path | None) -> dict:
     """The starting model's greedy accuracy on the validation problems the periodic evaluation scores (the
     first eval.every_limit): the level a run's learning curve starts from (cached as the base figures are)."""

@@ -28,7 +28,7 @@ from grpo_exp.base import cpu, dist, log, stop
 from grpo_exp.base.errors import TrainingHalted
 from grpo_exp.base.io import read_jsonl, resolve_init, save_model_dir, write_json
 from grpo_exp.base.monitor import MonitorCallback, reset_peak_rss
-from grpo_exp.base.run_files import HISTORY_FILE, MODEL_DIR, SPEED_PLAN_FILE
+from grpo_exp.base.run_files import HISTORY_FILE, MODEL_DIR, SPEED_PLAN_FILE, VALIDATION_START_FILE
 from grpo_exp.config.recipe import generation_batch
 from grpo_exp.config.speed import plan_for
 from grpo_exp.core import data, models, rewards
@@ -106,6 +106,17 @@ def prepare(cfg, pools: dict[str, Any] | None = None) -> StageParts:
                       ewc_state, penalty, adapter_from)
 
 
+def _needs_validation_start(cfg, run_dir: Path) -> bool:
+    return bool(cfg.eval.every_steps) and not cfg.eval.after_train and not (run_dir / VALIDATION_START_FILE).is_file()
+
+
+def _validation_start(cfg, run_dir: Path) -> None:
+    from grpo_exp.evaluation.run import write_validation_start
+
+    init = resolve_init(cfg.init_from)
+    write_validation_start(cfg, run_dir, init[0] if init else None)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -140,6 +151,8 @@ def _train_locked(cfg, run_dir: Path, step_offset: int, pools: dict[str, Any] | 
     # the files are rank 0's to change
     finished, resume_from = dist.on_main(lambda: run_directory.open_run_dir(cfg, run_dir, plan))
     if finished is not None:
+        if dist.is_main() and _needs_validation_start(cfg, run_dir):  # a run finished before the file existed
+            _validation_start(cfg, run_dir)
         return finished
     started = time.time()
     reset_peak_rss()  # this stage's peak, not the process's (sweep jobs share one process)
@@ -278,6 +291,8 @@ class StageRun:
             # the merged model: what model/ holds, and generation without the adapter's extra matmuls
             metrics["eval"] = evaluate_after_train(cfg, policy, parts.tokenizer, run_dir,
                                                    parts.init[0] if parts.init else None)
+        elif _needs_validation_start(cfg, run_dir):
+            _validation_start(cfg, run_dir)
         # model/README.md (and adapter/'s): the hub's metadata, the before/after table, the settings
         write_cards(run_dir, cfg, steps=trainer.state.global_step)
         if cfg.get("push_to_hub"):
