@@ -68,9 +68,9 @@ class SftExpTrainer(SFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        if self.extra_loss is None:
+        if self.extra_loss is None or not model.training:
             return out
-        term = self.extra_loss(model)
+        term = self.extra_loss(self.accelerator.unwrap_model(model))  # its parameter names, not DDP's module.*
         self.pending_logs[self.extra_loss.name] = float(term.detach())
         if return_outputs:
             return out[0] + term, out[1]
