@@ -13,7 +13,7 @@ from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.checks import validate
 from grpo_exp.core import data, models
 from grpo_exp.core.data.solutions import worked_solution
-from grpo_exp.training import stage
+from grpo_exp.training import ewc, stage
 from grpo_exp.training.sft import SftExpTrainer
 from grpo_exp.training.stage import StageParts
 from grpo_exp.training.trainer import build_trainer
@@ -71,3 +71,22 @@ def test_what_sft_cannot_serve_is_one_line(tmp_path, args, needle):
         validate(compose_cfg(["debug=smoke", *args], tmp_path))
     assert str(err.value).startswith(needle), str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_ewc_term_is_added_to_the_sft_loss_and_logged(tmp_path):
+    cfg = compose_cfg(SFT, tmp_path)
+    trainer = _trainer(cfg, data.build_examples("basic", "train", size=4, seed=0))
+    model = trainer.model
+    name, param = next((n, p) for n, p in model.named_parameters() if p.requires_grad and p.ndim == 2)
+    state = ewc.EwcState(fisher={name: torch.ones_like(param)}, anchor={name: param.detach() + 0.1})
+    penalty = ewc.EwcPenalty(state, 2.0)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    model.train()
+    plain = float(trainer.compute_loss(model, batch).detach())
+    trainer.extra_loss = penalty
+    with_ewc = float(trainer.compute_loss(model, batch).detach())
+    term = float(penalty(model).detach())
+    assert term > 0 and with_ewc - plain == pytest.approx(term, rel=1e-4)
+    assert trainer.pending_logs["ewc_penalty"] == pytest.approx(term)
+    model.eval()  # outside training the term is not added
+    assert float(trainer.compute_loss(model, batch).detach()) == pytest.approx(plain, rel=1e-6)
