@@ -39,7 +39,9 @@ def shape_key(cfg, plan_summary: str) -> str:
     return (f"{cpu_name()}; {threads} threads x {dist.world_size()} process(es); {cfg.model.name}; {cfg.stage.name}; "
             f"{plan_summary}; {t.num_generations} completions of at most {t.max_completion_length} tokens; batch "
             f"{t.per_device_train_batch_size} x {t.gradient_accumulation_steps}; steps_per_generation "
-            f"{t.steps_per_generation}; beta {t.beta}")
+            f"{t.steps_per_generation}; beta {t.beta}"
+            # dynamic sampling draws extra rounds: its steps run longer than the same shape's without it
+            + (f"; dynamic sampling, at most {t.dynamic_sampling_max_draws} extra rounds" if t.dynamic_sampling else ""))
 
 
 def pace_path(cache_dir: str | Path) -> Path:

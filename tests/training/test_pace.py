@@ -45,6 +45,9 @@ def test_the_key_holds_what_decides_a_step_time(tmp_path):
     assert pace.cpu_name() in key and "tiny_random; basic; fp32 on cpu" in key
     cfg.train.max_completion_length += 1
     assert pace.shape_key(cfg, "fp32 on cpu, sampling with TRL's generate") != key
+    longer = pace.shape_key(cfg, "fp32 on cpu, sampling with TRL's generate")
+    cfg.train.dynamic_sampling = True  # extra generation rounds a step
+    assert pace.shape_key(cfg, "fp32 on cpu, sampling with TRL's generate") != longer
 
 
 def test_a_second_run_of_the_same_shape_starts_with_the_first_runs_pace(tmp_path, caplog, monkeypatch):
