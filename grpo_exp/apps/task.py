@@ -184,7 +184,9 @@ def share_cores(cfg, hydra_cfg) -> None:
 
 def record_status(hydra_cfg, status: str, started: float, err: BaseException | None = None, objective=None) -> None:
     """status.json in the job directory (and error.txt with the traceback when the job failed), so the
-    report lists failed sweep jobs with their error, whatever the launcher. Rank 0 alone writes it."""
+    report lists failed sweep jobs with their error, whatever the launcher. Rank 0 alone writes it. A job that
+    ends without an error after an earlier attempt failed or was stopped moves that attempt's error.txt to
+    error.earlier.txt: error.txt is always the current attempt's."""
     if not dist.is_main():
         return
     job_dir = Path(hydra_cfg.runtime.output_dir)
@@ -196,6 +198,8 @@ def record_status(hydra_cfg, status: str, started: float, err: BaseException | N
             info["error_type"] = type(err).__name__
             info["error"] = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             (job_dir / "error.txt").write_text("".join(traceback.format_exception(err)))
+        elif (job_dir / "error.txt").is_file():  # an earlier attempt's, which a resumed run has got past: kept aside
+            (job_dir / "error.txt").replace(job_dir / "error.earlier.txt")
         write_json(job_dir / "status.json", info)
     except Exception as write_err:  # never hide the job's own outcome
         logger.warning("could not write status.json in %s: %s", job_dir, write_err)

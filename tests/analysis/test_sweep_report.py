@@ -152,6 +152,10 @@ def test_a_job_that_raises_leaves_status_and_traceback(tmp_path):
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["status"] == "failed" and status["error"] == "dataset file is empty" and status["job_num"] == 3
     assert "RuntimeError: dataset file is empty" in (tmp_path / "error.txt").read_text()
+    record_status(hydra_cfg, "completed", 0.0)  # resumed, and finished this time
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "completed"
+    assert not (tmp_path / "error.txt").exists()
+    assert "RuntimeError: dataset file is empty" in (tmp_path / "error.earlier.txt").read_text()
 
 
 def _stage_two_job(path, lam, seed, basic, inter, kl):
