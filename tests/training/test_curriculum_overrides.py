@@ -30,3 +30,49 @@ def test_the_supervised_arm_reaches_every_stage_of_a_curriculum(tmp_path):
     user = ["curriculum=progressive", "train.method=sft"]
     cfgs = [compose_stage(stage_overrides(user, s, tmp_path / s, None)) for s in ("basic", "intermediate")]
     assert [c.train.method for c in cfgs] == ["sft", "sft"]
+
+
+def test_a_stage_own_recipe_reaches_that_stage_only_and_wins_over_the_command_line(tmp_path):
+    """curriculum.stage_overrides: the ladder's per-stage settings, applied to their stage alone, over the command
+    line's (the more specific wins), as run_curriculum composes each stage."""
+    from omegaconf import OmegaConf
+
+    from grpo_exp.training.curriculum.sequential import _stage_config
+    from tests.conftest import compose_cfg
+
+    user = ["curriculum=progressive", "curriculum.stages=[basic,intermediate,two_step]", "train.max_steps=7",
+            "train.learning_rate=1e-5", "logger=none"]
+    cfg = compose_cfg(user, tmp_path)
+    cfg.curriculum.stage_overrides = OmegaConf.create(
+        {"two_step": ["train.dynamic_sampling=true", "train.learning_rate=3e-5"]})
+    cfgs = [_stage_config(cfg, user, list(cfg.curriculum.stages), i, tmp_path) for i in range(3)]
+    assert [c.train.dynamic_sampling for c in cfgs] == [False, False, True]
+    assert [c.train.learning_rate for c in cfgs] == [1e-5, 1e-5, 3e-5]
+    assert [c.train.max_steps for c in cfgs] == [7, 7, 7]
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"advanced": ["train.max_steps=5"]}, r"curriculum\.stage_overrides\.advanced: 'advanced' is not one of"),
+    ({"basic": ["train.max_steps"]}, r"'train\.max_steps' is not a key=value override"),
+    ({"basic": ["init_from=/x"]}, r"sets init_from, which the curriculum sets for each stage itself"),
+    ({"basic": ["stage.dataset=gsm8k"]}, r"sets stage\.dataset, which makes a stage that stage"),
+])
+def test_a_bad_stage_override_is_one_line_before_anything_loads(tmp_path, entry, message):
+    from omegaconf import OmegaConf
+
+    from grpo_exp.config.checks import validate
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["curriculum=progressive", "logger=none"], tmp_path)
+    cfg.curriculum.stage_overrides = OmegaConf.create(entry)
+    with pytest.raises(ConfigError, match=message) as err:
+        validate(cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_stage_overrides_on_the_command_line(tmp_path):
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["curriculum=progressive", "logger=none",
+                       "+curriculum.stage_overrides.intermediate=['train.dynamic_sampling=true']"], tmp_path)
+    assert list(cfg.curriculum.stage_overrides["intermediate"]) == ["train.dynamic_sampling=true"]

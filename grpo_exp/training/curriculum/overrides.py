@@ -23,12 +23,26 @@ def override_key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
 
 
+def own_override_problem(override: str) -> str | None:
+    """What is wrong with `override` as one of a stage's own (curriculum.stage_overrides), or None."""
+    if "=" not in override or not override.split("=", 1)[0].strip():
+        return "is not a key=value override"
+    key = override_key(override)
+    if key.startswith("stage.") and key.split(".")[1] in _STAGE_IDENTITY:
+        return f"sets {key}, which makes a stage that stage: list another stage in curriculum.stages instead"
+    if (key.startswith(_PER_STAGE_KEYS) and not key.startswith("stage.")) or key.startswith("hydra"):
+        return f"sets {key}, which the curriculum sets for each stage itself"
+    return None
+
+
 def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None,
                     resume: bool = False, earlier: list[str] | None = None, push: bool = False,
-                    replay: float = 0.0, replay_from: list[str] | None = None) -> list[str]:
+                    replay: float = 0.0, replay_from: list[str] | None = None,
+                    own: list[str] | None = None) -> list[str]:
     """`earlier`: the stages before this one, whose forgetting it tracks (eval.forgetting_sets). `push`: this
     stage uploads its model/ (push_to_hub: the last stage only, so the hub repo gets the curriculum's result).
-    `replay_from`: the earlier stages whose training prompts make up the share `replay` of this one's."""
+    `replay_from`: the earlier stages whose training prompts make up the share `replay` of this one's. `own`: the
+    stage's own recipe (curriculum.stage_overrides), after the command line's, so the more specific one wins."""
     names = [o for o in user_overrides if override_key(o).startswith("stage.") and override_key(o).split(".")[1] in _STAGE_IDENTITY]
     if names:
         raise ConfigError(f"{', '.join(names)}: a curriculum's stages are curriculum.stages, each with its own "
@@ -45,7 +59,7 @@ def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_f
         extra.append(f"eval.forgetting_sets=[{','.join(earlier)}]")
     if replay > 0 and replay_from:
         extra += [f"curriculum.replay={replay}", f"curriculum.replay_from=[{','.join(replay_from)}]"]
-    return [*kept, *extra]
+    return [*kept, *(own or []), *extra]
 
 
 def compose_stage(overrides: list[str]):

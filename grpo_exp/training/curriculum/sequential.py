@@ -124,7 +124,8 @@ def _stage_config(cfg, user_overrides: list[str], stages: list[str], i: int, roo
     push = bool(cfg.get("push_to_hub")) and i == len(stages) - 1
     replayed = stages[:i] if cfg.curriculum.replay > 0 else None
     return compose_stage(stage_overrides(user_overrides, stages[i], branch.stage_dir(root, i, stages[i]), previous,
-                                         bool(cfg.resume), tracked, push, cfg.curriculum.replay, replayed))
+                                         bool(cfg.resume), tracked, push, cfg.curriculum.replay, replayed,
+                                         list(cfg.curriculum.stage_overrides.get(stages[i]) or [])))
 
 
 def _branch(cfg, stage_cfgs: list, root: Path, stages: list[str], result: dict) -> dict:
