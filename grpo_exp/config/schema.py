@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, ListConfig, OmegaConf
@@ -373,6 +373,9 @@ class CurriculumConfig:
     # every stage up to the first whose training settings differ, e.g. the first stage for another ewc.lambda or
     # curriculum.replay on the same seed (training/branch.py)
     branch_from: Optional[str] = None
+    # sequential: a stage's own recipe, as overrides applied to that stage only, after the command line's, e.g.
+    # {two_step: ["train.dynamic_sampling=true"]}: the ladder's per-stage settings, which stage=<name> alone keeps
+    stage_overrides: Dict[str, List[str]] = field(default_factory=dict)
     # adaptive: the target band [low, high] of a stage's pass rate (its zone of proximal development)
     band: List[float] = field(default_factory=lambda: [0.2, 0.8])
     pass_rate_decay: float = 0.8  # adaptive: EMA of each stage's pass rate, p <- decay p + (1 - decay) p_round
@@ -413,6 +416,7 @@ class CurriculumConfig:
                     f"curriculum from another run, but this run has curriculum.mode={curriculum.mode} and "
                     f"curriculum.stages={list(curriculum.stages)}; use it with curriculum=progressive (two or more "
                     f"stages), or drop it")
+        CurriculumConfig._check_stage_overrides(curriculum)
         band = list(curriculum.band)
         require(len(band) == 2, f"curriculum.band={band} must be two pass rates [low, high] in [0, 1]")
         require(all(math.isfinite(b) and 0 <= b <= 1 for b in band),
@@ -425,6 +429,26 @@ class CurriculumConfig:
             value = curriculum[key]
             require(math.isfinite(value) and 0 <= value <= 1,
                     f"curriculum.{key}={value!r} must be in [0, 1] (a stage inside the band weighs 1)")
+
+    @staticmethod
+    def _check_stage_overrides(curriculum: Any) -> None:
+        """Each entry names a stage of the curriculum and holds key=value overrides of settings a stage may have
+        of its own (not the keys the curriculum sets per stage, nor what makes a stage that stage)."""
+        from grpo_exp.training.curriculum.overrides import own_override_problem
+
+        per_stage = dict(curriculum.stage_overrides or {})
+        if not per_stage:
+            return
+        stages = list(curriculum.stages)
+        require(curriculum.mode == "sequential",
+                f"curriculum.stage_overrides gives stages recipes of their own, which a sequential curriculum trains "
+                f"one after another; curriculum.mode={curriculum.mode} trains one run: drop them")
+        for stage, overrides in per_stage.items():
+            require(stage in stages, f"curriculum.stage_overrides.{stage}: {stage!r} is not one of "
+                                     f"curriculum.stages={stages}")
+            for override in overrides or []:
+                problem = own_override_problem(str(override))
+                require(problem is None, f"curriculum.stage_overrides.{stage}: {override!r} {problem}")
 
 
 @dataclass
