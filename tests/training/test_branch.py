@@ -120,3 +120,38 @@ def test_branch_from_needs_a_sequential_curriculum(tmp_path):
 
     with pytest.raises(ConfigError, match=r"curriculum\.branch_from=x takes the first stages"):
         validate(compose_cfg(["logger=none", "curriculum.branch_from=x"], tmp_path))
+
+
+def test_branch_from_missing_train_trains_every_stage_where_there_is_nothing_to_take(tmp_path, stubbed):
+    """A sweep's jobs all name one job of the seed as their source: that job (its own directory) trains every stage,
+    as does a job whose source has no record yet or trained its first stage otherwise; a source that finished
+    first is taken from."""
+    source = tmp_path / "ewc"
+    lenient = ["curriculum.branch_from_missing=train", f"curriculum.branch_from={source}"]
+    run([*BASE, "ewc.lambda=1000", *lenient], source)  # the source itself
+    assert [t[0] for t in stubbed] == STAGES
+    stubbed.clear()
+    run([*BASE, "ewc.lambda=0", *lenient], tmp_path / "plain")  # the source finished: its first stage is taken
+    assert [t[0] for t in stubbed] == ["intermediate"]
+    stubbed.clear()
+    run([*BASE, "train.learning_rate=1e-4", *lenient], tmp_path / "other")  # shares nothing: trains both
+    assert [t[0] for t in stubbed] == STAGES
+    assert "branched_from" not in json.loads((tmp_path / "other" / "curriculum.json").read_text())
+    stubbed.clear()
+    nothing = ["curriculum.branch_from_missing=train", f"curriculum.branch_from={tmp_path / 'not_yet'}"]
+    run([*BASE, *nothing], tmp_path / "early")  # the source has not started
+    assert [t[0] for t in stubbed] == STAGES
+
+
+def test_branch_from_missing_does_not_excuse_a_source_of_another_seed(tmp_path, stubbed):
+    run([*BASE, "ewc.lambda=1000"], tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"other settings: seed \(42 -> 7\)"):
+        run([*BASE, "train.seed=7", "curriculum.branch_from_missing=train",
+             f"curriculum.branch_from={tmp_path / 'a'}"], tmp_path / "b")
+
+
+def test_branch_from_missing_is_checked(tmp_path):
+    from grpo_exp.config.checks import validate
+
+    with pytest.raises(ConfigError, match=r"curriculum\.branch_from_missing.*'skip'.*error, train"):
+        validate(compose_cfg(["logger=none", "curriculum=progressive", "curriculum.branch_from_missing=skip"], tmp_path))

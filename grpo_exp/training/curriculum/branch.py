@@ -33,6 +33,11 @@ _LINK_BYTES = 1 << 20  # larger files (the model, the Fisher) are hard-linked; a
 _SPLIT_BEFORE_RECORD = "test"
 
 
+class NothingToShare(ConfigError):
+    """curriculum.branch_from holds no finished stage this run could take (no record yet, or its first stage trained
+    other settings): curriculum.branch_from_missing=train trains every stage instead."""
+
+
 def stage_dir(root: Path, index: int, stage: str) -> Path:
     return Path(root) / f"{index + 1}_{stage}"
 
@@ -45,7 +50,7 @@ def shared_stages(cfg: Any, root: Path, stages: list[str], stage_config: Callabl
     source = Path(cfg.curriculum.branch_from)
     record_path = source / CURRICULUM_FILE
     if not record_path.is_file():
-        raise ConfigError(f"curriculum.branch_from={source} holds no curriculum.json; give the directory of a run "
+        raise NothingToShare(f"curriculum.branch_from={source} holds no curriculum.json; give the directory of a run "
                           f"of curriculum.stages={stages} (one job of a sweep)")
     earlier = json.loads(record_path.read_text())
     run_facts = {"model": cfg.model.name, "seed": cfg.train.seed, "eval_limit": cfg.curriculum.eval_limit,
@@ -76,7 +81,7 @@ def shared_stages(cfg: Any, root: Path, stages: list[str], stage_config: Callabl
         shared += 1
         previous = str(stage_dir(root, i, stage))
     if not shared:
-        raise ConfigError(f"curriculum.branch_from={source} shares no finished stage with this run: {reason}; "
+        raise NothingToShare(f"curriculum.branch_from={source} shares no finished stage with this run: {reason}; "
                           f"branch from a run whose first stage trained as this run's does")
     if shared < len(stages):
         logger.info("curriculum.branch_from=%s: %d of %d stages shared; this run trains from stage %d on (%s)",

@@ -128,13 +128,27 @@ def _stage_config(cfg, user_overrides: list[str], stages: list[str], i: int, roo
                                          list(cfg.curriculum.stage_overrides.get(stages[i]) or [])))
 
 
-def _branch(cfg, stage_cfgs: list, root: Path, stages: list[str], result: dict) -> dict:
+def _branch(cfg, stage_cfgs: list, root: Path, stages: list[str], result: dict) -> dict | None:
     """curriculum.branch_from: the stages this run shares with that run, taken into root (rank 0; the others
-    wait), as the curriculum.json a resume continues from."""
+    wait), as the curriculum.json a resume continues from. None where there is nothing to take and
+    curriculum.branch_from_missing=train says to train every stage: the source is this run itself (a sweep's job
+    that the others branch from), has not finished a stage yet, or trained its first stage otherwise."""
+    source = Path(cfg.curriculum.branch_from)
+    train_all = cfg.curriculum.branch_from_missing == "train"
+    if train_all and source.resolve() == root.resolve():
+        logger.info("curriculum.branch_from is this run's own directory: it trains every stage")
+        return None
+
     def take() -> None:
-        earlier, shared = branch.shared_stages(
-            cfg, root, stages, lambda i, previous: stage_cfgs[i], finished_metrics)
-        branch.take_stages(earlier, shared, stages, Path(cfg.curriculum.branch_from), root, result)
+        try:
+            earlier, shared = branch.shared_stages(
+                cfg, root, stages, lambda i, previous: stage_cfgs[i], finished_metrics)
+        except branch.NothingToShare as err:
+            if not train_all:
+                raise
+            logger.info("%s; curriculum.branch_from_missing=train: this run trains every stage", err)
+            return
+        branch.take_stages(earlier, shared, stages, source, root, result)
 
     dist.on_main(take, share=False)
     return earlier_result(root, stages)
