@@ -91,21 +91,30 @@ def _settings_line(report: dict) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def header(report: dict, bench_json: Path, made_by: str, machine: str | None, tool: str,
-           shown_dir: str, now: datetime | None = None) -> list[str]:
-    """The page's header block, as the runs' pages have it (provenance.header), read from bench.json."""
+def provenance_lines(report: dict, made_by: str, machine: str | None, tool: str, dates: str, commits: list[str],
+                     now: datetime | None = None, what: str = "bench") -> list[str]:
+    """The header's first bullets, from a bench.json or a matrix.json (`what`): the command that made its figures,
+    the page's command, the commits (this code's, then `commits`), the dates (`dates`: when the figures were
+    measured), the machine and the versions."""
     command = report.get("command")
     recorded_machine = report.get("machine")
     threads = (report.get("machine_limits") or {}).get("threads")
-    return ["- **Bench made by:** " + (f"`{command}`" if command else "not recorded (bench.json has no command)"),
+    return [f"- **{what.capitalize()} made by:** "
+            + (f"`{command}`" if command else f"not recorded ({what}.json has no command)"),
             f"- **Page made by:** {made_by}",
-            provenance.commit_line("bench", [report["commit"]] if report.get("commit") else [],
-                                   "no commit recorded in bench.json"),
-            provenance.date_line(now, _dates(report, bench_json)),
+            provenance.commit_line(what, commits, f"no commit recorded in {what}.json"),
+            provenance.date_line(now, dates),
             f"- **Machine:** {provenance.machine_line(machine, tool=tool)}"
-            + (f"; the bench recorded: {recorded_machine}" + (f", {threads} threads per variant" if threads else "")
+            + (f"; the {what} recorded: {recorded_machine}" + (f", {threads} threads per variant" if threads else "")
                if recorded_machine else ""),
-            provenance.versions_line(tool, _recorded_versions(report), "the bench"),
+            provenance.versions_line(tool, _recorded_versions(report), f"the {what}")]
+
+
+def header(report: dict, bench_json: Path, made_by: str, machine: str | None, tool: str,
+           shown_dir: str, now: datetime | None = None) -> list[str]:
+    """The page's header block, as the runs' pages have it (provenance.header), read from bench.json."""
+    commits = [report["commit"]] if report.get("commit") else []
+    return [*provenance_lines(report, made_by, machine, tool, _dates(report, bench_json), commits, now),
             f"- **Bench:** `{shown_dir}`: {_variants_line(report)}",
             f"- **Settings:** {_settings_line(report)}"]
 
