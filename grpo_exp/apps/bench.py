@@ -1,28 +1,82 @@
 """`grpo-bench [options]` (or `python -m grpo_exp.apps.bench`): grpo-exp's training path against plain TRL on
 the same prompts and settings. The logic lives in grpo_exp.analysis.bench (parent.py runs the variants,
-child.py measures one); `--child` is how the parent runs each variant in its own process."""
+child.py measures one, matrix.py runs `--matrix`'s points); `--child` is how the parent runs each variant in its
+own process. Every bad option is one line on stderr and exit code 2, before anything runs."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
+
+# the single-shape options --matrix sets per point itself, with their defaults outside it
+SHAPE_DEFAULTS = {"model": "smollm2_135m", "max_completion_length": 64, "num_generations": 4}
+# a hub id as the hub spells one: owner/name
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr (exit code 2), without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+
+
+def model_problem(model: str) -> str | None:
+    """Why `model` cannot be benchmarked, in a line, or None: it must be a conf/model option, a model directory
+    or a hub id (owner/name; whether the hub has it is checked when it loads)."""
+    if Path(model).expanduser().is_dir() or HUB_ID.match(model):
+        return None
+    from grpo_exp.base.text import did_you_mean
+    from grpo_exp.config.options import group_options
+
+    options = group_options("model")
+    if model in options:
+        return None
+    return (f"{model} is not a conf/model option{did_you_mean(model, options)}, a model directory or a hub id "
+            f"(owner/name); options: {', '.join(options)}")
+
+
+def _int_list(least: int, why: str = ""):
+    """An argparse type: comma-separated integers, each >= `least`, duplicates dropped."""
+
+    def parse(text: str) -> list[int]:
+        values = []
+        for item in text.split(","):
+            item = item.strip()
+            try:
+                value = int(item)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not an integer") from None
+            if value < least:
+                raise argparse.ArgumentTypeError(f"{value} in {text!r} is under {least}{why}")
+            values.append(value)
+        return list(dict.fromkeys(values))
+
+    return parse
+
+
+def _model_list(text: str) -> list[str]:
+    models = [m.strip() for m in text.split(",")]
+    if not all(models):
+        raise argparse.ArgumentTypeError(f"an empty model name in {text!r}")
+    return list(dict.fromkeys(models))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     from grpo_exp.analysis import bench
     from grpo_exp.analysis.bench.parent import BASELINES
 
-    p = argparse.ArgumentParser(prog="grpo-bench", description=bench.__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=bench.__doc__.split("\n", 1)[1])
-    p.add_argument("--model", default="smollm2_135m", help="a conf/model option (default: smollm2_135m), or a model "
+    p = OneLineParser(prog="grpo-bench", description=bench.__doc__.split("\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=bench.__doc__.split("\n", 1)[1])
+    p.add_argument("--model", default=None, help="a conf/model option (default: smollm2_135m), or a model "
                    "directory or hub id (org/name), loaded as model=custom model.id=MODEL")
     p.add_argument("--steps", type=int, default=5, help="measured optimizer steps per variant (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up steps before measuring (default 1)")
     p.add_argument("--prompts-per-step", type=int, default=2, help="prompts per optimizer step (default 2)")
-    p.add_argument("--num-generations", type=int, default=4, help="completions per prompt (default 4)")
-    p.add_argument("--max-completion-length", type=int, default=64, help="max completion tokens (default 64)")
+    p.add_argument("--num-generations", type=int, default=None, help="completions per prompt (default 4)")
+    p.add_argument("--max-completion-length", type=int, default=None, help="max completion tokens (default 64)")
     p.add_argument("--threads", type=int, default=2, help="torch/OMP threads of every variant (default 2)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: conf/train/default.yaml's)")
@@ -57,26 +111,66 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "of the same name); grpo-report <out> --page ... writes it again")
     p.add_argument("--machine", default=None, help="the machine the bench runs on, an entry of docs/machines.md "
                                                    "(the page's header)")
+    p.add_argument("--matrix", action="store_true",
+                   help="the bench over every point of --models x --lengths x --groups, each point one bench of "
+                        "grpo-exp against plain TRL fp32 and TRL's bf16 defaults (left out, with a line, on a CPU "
+                        "without native bf16), at the stage's beta; points already measured in --out (default "
+                        "outputs/bench/matrix) are kept, so rerunning a stopped matrix continues it; writes "
+                        "matrix.json, matrix.csv, matrix.md and matrix.png (docs/performance.md, \"The scale matrix\")")
+    p.add_argument("--models", type=_model_list, default=None, metavar="M1,M2",
+                   help="--matrix: the models, each as --model takes it (default smollm2_135m,gemma3_270m)")
+    p.add_argument("--lengths", type=_int_list(1), default=None, metavar="L1,L2",
+                   help="--matrix: the max completion lengths (default 64,256)")
+    p.add_argument("--groups", type=_int_list(2, ": GRPO needs 2 or more completions per prompt"),
+                   default=None, metavar="G1,G2", help="--matrix: the group sizes, completions per prompt (default 4,16)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="--matrix: run every point, even one whose estimated peak memory is over the available memory")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # bench.json records the command
+    if args.matrix:
+        _check_matrix(p, args)
+    elif args.models or args.lengths or args.groups or args.no_memory_check:
+        p.error("--models, --lengths, --groups and --no-memory-check belong to --matrix; give --matrix too, or "
+                "--model, --max-completion-length and --num-generations for one shape")
+    else:
+        for key, default in SHAPE_DEFAULTS.items():
+            if getattr(args, key) is None:
+                setattr(args, key, default)
     if args.machine and not args.page:
         p.error("--machine names the machine in a results page; give --page too")
-    for key in ("steps", "prompts_per_step", "threads", "max_completion_length", "rounds"):
+    for key in ("steps", "prompts_per_step", "threads", "rounds", *(() if args.matrix else ("max_completion_length",))):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1")
-    if args.warmup < 0 or args.num_generations < 2 or args.reward_curve_steps < 0:
+    if args.warmup < 0 or (not args.matrix and args.num_generations < 2) or args.reward_curve_steps < 0:
         p.error("--warmup must be >= 0, --num-generations >= 2, --reward-curve-steps >= 0")
-    if "/" not in args.model and not Path(args.model).expanduser().is_dir():
-        from grpo_exp.base.text import did_you_mean
-        from grpo_exp.config.options import group_options
-
-        options = group_options("model")
-        if args.model not in options:  # before any variant starts (each would fail alike, after seconds)
-            p.error(f"--model {args.model} is not a conf/model option{did_you_mean(args.model, options)}, a model "
-                    f"directory or a hub id (org/name); options: {', '.join(options)}")
+    problem = None if args.matrix else model_problem(args.model)
+    if problem:  # before any variant starts (each would fail alike, after seconds)
+        p.error(f"--model {problem}")
     return args
 
+
+def _check_matrix(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--matrix's options: it sets each point's model, length, group and baselines itself; each model must be one
+    --model takes. The memory check and the points measured already come later (matrix.plan), still before any
+    model loads."""
+    from grpo_exp.analysis.bench.matrix import DEFAULT_GROUPS, DEFAULT_LENGTHS, DEFAULT_MODELS
+
+    single = {"--model": args.model, "--max-completion-length": args.max_completion_length,
+              "--num-generations": args.num_generations, "--baseline": args.baseline,
+              "--no-baseline": args.no_baseline, "--candidate": args.candidate,
+              "--reward-curve-steps": args.reward_curve_steps, "--child": args.child}
+    given = [flag for flag, value in single.items() if value]
+    if given:
+        p.error(f"--matrix sets each point's model, length, group and baselines itself; leave out {', '.join(given)} "
+                f"(--models, --lengths and --groups give the points)")
+    args.models = args.models or list(DEFAULT_MODELS)
+    args.lengths = args.lengths or list(DEFAULT_LENGTHS)
+    args.groups = args.groups or list(DEFAULT_GROUPS)
+    for model in args.models:
+        problem = model_problem(model)
+        if problem:
+            p.error(f"--models: {problem}")
 
 
 def main(argv=None) -> int:
@@ -85,6 +179,14 @@ def main(argv=None) -> int:
         from grpo_exp.analysis.bench.child import child_main
 
         return child_main(Path(args.child))
+    if args.matrix:
+        from grpo_exp.analysis.bench.matrix import MatrixError, run_matrix
+
+        try:
+            return run_matrix(args)
+        except MatrixError as err:  # a point too large, a model without a config, an out dir of other settings
+            print(f"grpo-bench: error: {err}", file=sys.stderr)
+            return 2
     from grpo_exp.analysis.bench.parent import run
 
     return run(args)

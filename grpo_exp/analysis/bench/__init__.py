@@ -10,6 +10,7 @@
     grpo-bench --candidate before=speed.exact_shortcuts=false   # what the exact shortcuts buy
     grpo-bench --candidate trl_path=speed=trl                    # grpo-exp with plain TRL's path
     grpo-bench --rounds 3                        # each variant 3 times, in alternating order: ratios per round
+    grpo-bench --matrix --steps 2 --warmup 1 --fixed-length     # every point of --models x --lengths x --groups
 
 Variants, each in its own subprocess (so its peak RSS, the child's ru_maxrss, is its own):
   baseline  a plain `trl.GRPOTrainer` built from `trl.GRPOConfig` with TRL's defaults as the older CPU tools run
@@ -54,8 +55,19 @@ allocator gave back and took again; cpu.malloc), reported per measured step.
 Writes bench.json, bench.md (and reward_curve.png) into --out (default outputs/bench/<timestamp>/); with
 --page docs/results/<name>.md --machine NAME, a results page of them too (grpo-report <out> --page ... writes
 it again).
+
+--matrix runs one such bench per point of --models x --lengths x --groups (default smollm2_135m,gemma3_270m x
+64,256 x 4,16): grpo-exp against plain TRL fp32 and TRL's bf16 defaults (the latter left out, with a line, where
+bf16 is emulated), at the stage's beta, with --steps, --warmup, --rounds, --prompts-per-step, --threads,
+--fixed-length, --override and the like passed to every point. Before anything loads it estimates each point's
+peak memory from the model's config and refuses a point over the available memory (--no-memory-check runs it
+anyway). Each point is a folder of --out (default outputs/bench/matrix/) with its own bench.json; a point measured
+there already is kept, so the same command continues a stopped matrix. Writes matrix.json, matrix.csv, matrix.md
+and matrix.png, and with --page a results page of them.
 """
 
 # The docstring above is grpo-bench's --help. The modules: parent (the variants, their rounds and children,
 # bench.json and bench.md), child (one variant's measuring process), floor (the machine's limits and each
-# variant's floor), tables (the Markdown tables, the ratios and the reward plot), page (the results page).
+# variant's floor), tables (the Markdown tables, the ratios and the reward plot), page (the results page), matrix
+# (--matrix's points, their resume and matrix.json), memory (a point's peak-memory estimate), matrix_report
+# (matrix.csv, .md, .png and its results page).
