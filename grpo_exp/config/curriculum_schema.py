@@ -10,6 +10,32 @@ from typing import Any, Dict, List, Optional
 from grpo_exp.config.rules import require, require_choice, require_positive
 
 
+# Overrides that the curriculum sets per stage itself (training/curriculum/overrides.py).
+_PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resume", "eval.forgetting_sets",
+                   "push_to_hub")
+
+
+# what makes a stage that stage: an override of these would turn every stage of a curriculum into one (a prompts
+# stage's eval_reward judges its own rows; on any other stage it is refused)
+_STAGE_IDENTITY = ("name", "dataset", "path", "hub_id", "hub_config", "eval_reward")
+
+
+def override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def own_override_problem(override: str) -> str | None:
+    """What is wrong with `override` as one of a stage's own (curriculum.stage_overrides), or None."""
+    if "=" not in override or not override.split("=", 1)[0].strip():
+        return "is not a key=value override"
+    key = override_key(override)
+    if key.startswith("stage.") and key.split(".")[1] in _STAGE_IDENTITY:
+        return f"sets {key}, which makes a stage that stage: list another stage in curriculum.stages instead"
+    if (key.startswith(_PER_STAGE_KEYS) and not key.startswith("stage.")) or key.startswith("hydra"):
+        return f"sets {key}, which the curriculum sets for each stage itself"
+    return None
+
+
 @dataclass
 class CurriculumConfig:
     name: str = "none"
@@ -99,8 +125,6 @@ class CurriculumConfig:
     def _check_stage_overrides(curriculum: Any) -> None:
         """Each entry names a stage of the curriculum and holds key=value overrides of settings a stage may have
         of its own (not the keys the curriculum sets per stage, nor what makes a stage that stage)."""
-        from grpo_exp.training.curriculum.overrides import own_override_problem
-
         per_stage = dict(curriculum.stage_overrides or {})
         if not per_stage:
             return

@@ -8,31 +8,8 @@ import copy
 from pathlib import Path
 
 from grpo_exp.base.errors import ConfigError
-
-# Overrides that the curriculum sets per stage itself.
-_PER_STAGE_KEYS = ("stage", "curriculum", "init_from", "paths.output_dir", "resume", "eval.forgetting_sets",
-                   "push_to_hub")
-
-
-# what makes a stage that stage: an override of these would turn every stage of a curriculum into one (a prompts
-# stage's eval_reward judges its own rows; on any other stage it is refused)
-_STAGE_IDENTITY = ("name", "dataset", "path", "hub_id", "hub_config", "eval_reward")
-
-
-def override_key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
-
-
-def own_override_problem(override: str) -> str | None:
-    """What is wrong with `override` as one of a stage's own (curriculum.stage_overrides), or None."""
-    if "=" not in override or not override.split("=", 1)[0].strip():
-        return "is not a key=value override"
-    key = override_key(override)
-    if key.startswith("stage.") and key.split(".")[1] in _STAGE_IDENTITY:
-        return f"sets {key}, which makes a stage that stage: list another stage in curriculum.stages instead"
-    if (key.startswith(_PER_STAGE_KEYS) and not key.startswith("stage.")) or key.startswith("hydra"):
-        return f"sets {key}, which the curriculum sets for each stage itself"
-    return None
+# what the curriculum sets per stage, what names a stage, and a stage's own overrides' check live with the schema
+from grpo_exp.config.curriculum_schema import _PER_STAGE_KEYS, _STAGE_IDENTITY, override_key, own_override_problem  # noqa: F401
 
 
 def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None,
