@@ -6,6 +6,7 @@ valid choices)."""
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +35,7 @@ def model_overrides(model: str) -> list[str]:
 
 
 # the groups conf/train.yaml lists as optional, which `<group>=null` leaves out
-OPTIONAL_GROUPS = ("experiment", "ablation", "hparams_search", "debug")
+OPTIONAL_GROUPS = ("experiment", "ablation", "method", "hparams_search", "debug")
 
 
 def check_group_choices(args: list[str], multirun: bool) -> None:
@@ -203,6 +204,32 @@ def check_overrides(config_name: str, args: list[str], validate: Callable | None
         validate(cfg)
 
 
+def _job_config(config_name: str, job: list[str], hydra_overrides: list[str]):
+    """(a sweep job's config as the job will read it, the same with Hydra's own node, as the command line's hydra.*
+    overrides set it), so a value that names the sweep's directory or a group's choice (${hydra:sweep.dir},
+    ${hydra:runtime.choices.method}) resolves as in the job."""
+    full = compose(config_name, [*job, *hydra_overrides], with_hydra=True)
+    cfg = full.copy()
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, full
+
+
+@contextmanager
+def _hydra_config(full):
+    """The job's config with Hydra's node installed for ${hydra:...} while the job's config is checked, then what
+    was there put back (this process's own run, when Hydra starts it, sets its own)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    holder = HydraConfig.instance()
+    before = holder.cfg
+    holder.cfg = full  # not set_config's copy of the hydra node alone: its values may name the job's (task_name)
+    try:
+        yield
+    finally:
+        holder.cfg = before
+
+
 def check_sweep(config_name: str, overrides: list[str], validate: Callable | None) -> None:
     """Compose and check every job of the sweep `overrides` describe (config/sweep_check.py); raise one
     ConfigError that holds each distinct problem once, with the jobs it concerns."""
@@ -219,11 +246,13 @@ def check_sweep(config_name: str, overrides: list[str], validate: Callable | Non
     if jobs is None:
         return  # another sweeper (a search) makes its jobs as it goes; each is checked when it starts
     problems: dict[str, list[int]] = {}
+    hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
     for num, job in enumerate(jobs):
         try:
-            cfg = compose(config_name, job)
+            cfg, hydra_node = _job_config(config_name, job, hydra_overrides)
             if validate is not None:
-                validate(cfg)
+                with _hydra_config(hydra_node):
+                    validate(cfg)
         except ConfigError as err:
             problems.setdefault(str(err), []).append(num)
         except Exception as err:

@@ -190,3 +190,19 @@ def test_sweep_check_in_job_leaves_each_jobs_checks_to_the_job(tmp_path):
                               f"hydra.sweep.dir={tmp_path / 's'}"], check)
     assert not sweep_check.checked_jobs  # each job checks itself when it runs
     assert "sweep_check='sometimes' is not valid" in refusal(["model=tiny_random", "sweep_check=sometimes"])
+
+
+def test_a_sweep_job_that_names_the_sweep_directory_is_checked_as_it_will_run(tmp_path):
+    """experiment=continual's jobs branch from their seed's EWC job, named through ${hydra:sweep.dir} and the method's
+    choice: the pre-check resolves them as each job will (and a bad value is still one line), then leaves no Hydra
+    state behind."""
+    from hydra.core.hydra_config import HydraConfig
+
+    seen = []
+    sweep = ["-m", "experiment=continual", "model=tiny_random", "train.seed=3", "method=ewc,grpo",
+             f"hydra.sweep.dir={tmp_path}/cl"]
+    check_overrides("train", sweep, lambda cfg: seen.append(str(cfg.curriculum.branch_from)))
+    assert seen == [f"{tmp_path}/cl/seed3_ewc"] * 2
+    assert HydraConfig.instance().cfg is None
+    line = refusal([*sweep[:-1], "curriculum.branch_from_missing=later", f"hydra.sweep.dir={tmp_path}/cl"])
+    assert "curriculum.branch_from_missing" in line and "(all 2 jobs)" in line and "\n" not in line

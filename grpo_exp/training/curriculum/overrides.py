@@ -34,8 +34,12 @@ def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_f
         extra.append(f"init_from={init_from}")
     if earlier and init_from:
         extra.append(f"eval.forgetting_sets=[{','.join(earlier)}]")
-    if replay > 0 and replay_from:
-        extra += [f"curriculum.replay={replay}", f"curriculum.replay_from=[{','.join(replay_from)}]"]
+    # a stage is a run of its own: what an experiment or a method file set for the curriculum as a whole (its stages,
+    # their recipes, branching, the replay share) is reset, and the stage replays what the curriculum gives it
+    replays = replay > 0 and bool(replay_from)
+    extra += ["curriculum.stages=[]", "curriculum.stage_overrides={}", "curriculum.branch_from=null",
+              "curriculum.branch_from_missing=error", f"curriculum.replay={replay if replays else 0}",
+              f"curriculum.replay_from=[{','.join(replay_from or []) if replays else ''}]"]
     return [*kept, *(own or []), *extra]
 
 
