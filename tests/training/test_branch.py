@@ -155,3 +155,17 @@ def test_branch_from_missing_is_checked(tmp_path):
 
     with pytest.raises(ConfigError, match=r"curriculum\.branch_from_missing.*'skip'.*error, train"):
         validate(compose_cfg(["logger=none", "curriculum=progressive", "curriculum.branch_from_missing=skip"], tmp_path))
+
+
+def test_a_resumed_curriculum_refuses_finished_stages_of_other_settings(tmp_path, stubbed):
+    """Rerunning a study's command with other settings on its directory: one line naming them, nothing trained or
+    overwritten; the same settings keep every finished stage."""
+    run([*BASE, "ewc.lambda=1000", "resume=true"], tmp_path / "a")
+    stubbed.clear()
+    before = (tmp_path / "a" / "curriculum.json").read_text()
+    with pytest.raises(ConfigError, match=r"resume: stage 1 \(basic\) .* other settings .*train\.learning_rate") as err:
+        run([*BASE, "ewc.lambda=1000", "resume=true", "train.learning_rate=1e-4"], tmp_path / "a")
+    assert "\n" not in str(err.value) and stubbed == []
+    assert (tmp_path / "a" / "curriculum.json").read_text() == before
+    run([*BASE, "ewc.lambda=1000", "resume=true"], tmp_path / "a")
+    assert stubbed == []

@@ -74,7 +74,7 @@ def shared_stages(cfg: Any, root: Path, stages: list[str], stage_config: Callabl
         if i >= len(rows) or finished(src) is None or not (src / SETTINGS_FILE).is_file():
             reason = f"its stage {i + 1} ({stage}) did not finish"
             break
-        changed = _changed_settings(cfg, i, src, stage_config(i, previous), source, root)
+        changed = changed_settings(cfg, i, src, stage_config(i, previous), source, root)
         if changed:
             reason = f"stage {i + 1} ({stage}) trains other settings: {'; '.join(changed)}"
             break
@@ -89,7 +89,7 @@ def shared_stages(cfg: Any, root: Path, stages: list[str], stage_config: Callabl
     return earlier, shared
 
 
-def _changed_settings(cfg: Any, index: int, src: Path, stage_cfg: Any, source: Path, root: Path) -> list[str]:
+def changed_settings(cfg: Any, index: int, src: Path, stage_cfg: Any, source: Path, root: Path) -> list[str]:
     then = json.loads((src / SETTINGS_FILE).read_text())
     now = training_settings(stage_cfg)
     if then.get("init_from"):  # the stage before, in the earlier run's directory or in this one's

@@ -57,6 +57,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     result = new_result(cfg, stages)
     result["replay"] = cfg.curriculum.replay
     earlier = earlier_result(root, stages) if cfg.resume else None
+    if earlier:
+        _check_kept_settings(cfg, earlier, stage_cfgs, root, stages)
     if cfg.curriculum.branch_from and earlier is None:
         earlier = _branch(cfg, stage_cfgs, root, stages, result)
     if earlier and earlier.get("branched_from"):
@@ -113,6 +115,23 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     print(f"average accuracy {result['average_accuracy']:.3f}  BWT {fmt(result['bwt'])}  "
           f"max forgetting {fmt(result['forgetting_max'])}")
     return result
+
+
+def _check_kept_settings(cfg, earlier: dict, stage_cfgs: list, root: Path, stages: list[str]) -> None:
+    """A resumed curriculum keeps its finished stages: each must have trained with the settings this run gives it (as
+    a branch compares them), or the later stages would continue a model of other settings. One line naming them."""
+    from grpo_exp.base.errors import ConfigError
+    from grpo_exp.base.run_files import SETTINGS_FILE
+
+    for i, _ in enumerate(earlier.get("stage_metrics", [])[:len(stages)]):
+        out_dir = branch.stage_dir(root, i, stages[i])
+        if not (out_dir / SETTINGS_FILE).is_file():
+            continue
+        changed = branch.changed_settings(cfg, i, out_dir, stage_cfgs[i], root, root)
+        if changed:
+            raise ConfigError(f"resume: stage {i + 1} ({stages[i]}) in {out_dir} finished with other settings than "
+                              f"this run gives it: {'; '.join(changed)}; rerun with the settings the run was started "
+                              f"with, or give the run another directory")
 
 
 def _stage_config(cfg, user_overrides: list[str], stages: list[str], i: int, root: Path):
