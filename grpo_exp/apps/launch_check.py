@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import re
 import shlex
+import sys
 import threading
 import typing
 from pathlib import Path
@@ -63,6 +64,10 @@ NOT_OFFERED = {
     "hub_private": "uploads to the hub are not offered from the app; push on the command line",
     "logger.entity": "a wandb entity matters only when logging online, which the app does not offer; runs log "
                      "offline (wandb sync uploads them later)",
+    "curriculum.stage_overrides": "a stage's own overrides reach the stage unchecked by the app; give each setting "
+                                  "as its own override, or set stage_overrides on the command line",
+    "curriculum.branch_from": "branching takes another run's directory, wherever it is; branch on the command line",
+    "curriculum.branch_from_missing": "it only matters with curriculum.branch_from, which the app does not offer",
 }
 OFFLINE_MODES = ("offline", "disabled")  # logger.mode: what the app offers (online sends the run to a server)
 NAME = re.compile(r"[A-Za-z0-9_.+-]*")
@@ -93,7 +98,8 @@ def schema_keys(root: type | None = None) -> dict[str, Any]:
     keys: dict[str, Any] = {}
 
     def walk(cls: type, prefix: str) -> None:
-        hints = typing.get_type_hints(cls, vars(schema))
+        # the class's own module first: a group's schema may live beside schema.py (ewc_schema, curriculum_schema)
+        hints = typing.get_type_hints(cls, {**vars(schema), **vars(sys.modules[cls.__module__])})
         for f in dataclasses.fields(cls):
             kind = hints.get(f.name, Any)
             if dataclasses.is_dataclass(kind):
