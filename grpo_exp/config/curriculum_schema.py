@@ -24,6 +24,11 @@ def override_key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
 
 
+def set_per_stage(key: str) -> bool:
+    """Whether the curriculum sets `key` for each stage itself (a stage.<setting> is the user's, for every stage)."""
+    return (key.startswith(_PER_STAGE_KEYS) and not key.startswith("stage.")) or key.startswith("hydra")
+
+
 def own_override_problem(override: str) -> str | None:
     """What is wrong with `override` as one of a stage's own (curriculum.stage_overrides), or None."""
     if "=" not in override or not override.split("=", 1)[0].strip():
@@ -31,7 +36,7 @@ def own_override_problem(override: str) -> str | None:
     key = override_key(override)
     if key.startswith("stage.") and key.split(".")[1] in _STAGE_IDENTITY:
         return f"sets {key}, which makes a stage that stage: list another stage in curriculum.stages instead"
-    if (key.startswith(_PER_STAGE_KEYS) and not key.startswith("stage.")) or key.startswith("hydra"):
+    if set_per_stage(key):
         return f"sets {key}, which the curriculum sets for each stage itself"
     return None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from grpo_exp.base.errors import ConfigError
 # what the curriculum sets per stage, what names a stage, and a stage's own overrides' check live with the schema
-from grpo_exp.config.curriculum_schema import _PER_STAGE_KEYS, _STAGE_IDENTITY, override_key, own_override_problem  # noqa: F401
+from grpo_exp.config.curriculum_schema import _STAGE_IDENTITY, override_key, own_override_problem, set_per_stage  # noqa: F401
 
 
 def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_from: str | None,
@@ -26,8 +26,7 @@ def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_f
                           f"{', '.join('stage.' + k for k in _STAGE_IDENTITY)}; list the stages there, or train one "
                           f"stage (stage=<name>) without a curriculum")
     # stage.<setting> (sizes, splits) applies to every stage, over each stage's own conf/stage/<name>.yaml
-    kept = [o for o in user_overrides if (override_key(o).startswith("stage.") or not override_key(o).startswith(_PER_STAGE_KEYS))
-            and not o.startswith("hydra")]
+    kept = [o for o in user_overrides if not set_per_stage(override_key(o))]
     extra = [f"stage={stage}", "curriculum=none", f"paths.output_dir={out_dir}", f"resume={str(resume).lower()}",
              f"push_to_hub={str(push).lower()}"]
     if init_from:
