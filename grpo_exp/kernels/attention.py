@@ -33,23 +33,28 @@ GROUPED_LAST_AXIS = "grpo_grouped_last_axis"
 CHOICES = ("sdpa", "grouped", "eager")
 
 
-def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *, whole_sums: bool = False,
+                      **kwargs):
     """Attention in transformers' attention interface, query heads grouped by the key/value head they share.
 
     The products are taken as key @ query^T and probs^T @ value so that the large operand (a long or static
     cache) is read in place: a transposed cache operand makes `bmm` copy it. Softmax in fp32. No dropout:
-    GRPO trains without it, and the models grpo-exp loads have attention dropout 0."""
+    GRPO trains without it, and the models grpo-exp loads have attention dropout 0.
+
+    whole_sums: a compiled decoding step's softmax sums each row along L in one pass, never split between threads
+    as inductor splits it for many rows (decode_attention.sum_chunks): a row's numbers then do not depend on how
+    many rows decode beside it, nor on the thread count (greedy evaluation, evaluation/fast_decode.py)."""
     b, h, q, d = query.shape
     kv = key.shape[1]
     g = h // kv
     # query head j*g + i uses key/value head j (repeat_kv's order): group them along the query axis
     grouped = query.reshape(b, kv, g * q, d)
-    chunks = _decode_attention_chunks(query, key, value, attention_mask)
+    chunks = _decode_attention_chunks(query, key, value, attention_mask, whole_sums)
     if chunks is not None:  # a compiled decoding step in bf16: the whole attention, one C++ kernel
         out = torch.ops.grpo_exp.decode_attention(grouped, key, value, attention_mask, scaling, chunks)
         return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
     scores = torch.matmul(key, grouped.transpose(2, 3)).view(b, kv, -1, g, q)  # [b, kv, L, g, q]
-    chunks = _decode_kernel_chunks(scores, attention_mask, q)
+    chunks = _decode_kernel_chunks(scores, attention_mask, q, whole_sums)
     if chunks is not None:  # a compiled decoding step: inductor's softmax, computed by one C++ kernel
         probs = torch.ops.grpo_exp.decode_softmax(scores.view(b, kv, -1, g), attention_mask, scaling, chunks)
         out = torch.matmul(probs.transpose(2, 3), value)
@@ -61,7 +66,7 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     return out.view(b, h, q, d).transpose(1, 2).contiguous(), None
 
 
-def _decode_attention_chunks(query, key, value, attention_mask) -> int | None:
+def _decode_attention_chunks(query, key, value, attention_mask, whole_sums: bool = False) -> int | None:
     """How decode_softmax's kernel splits each sum, where a compiled decoding step's whole attention can go through
     decode_attention's kernel (bf16 query, key and value, one query position; kernels/decode_attention.py); None
     elsewhere."""
@@ -71,15 +76,20 @@ def _decode_attention_chunks(query, key, value, attention_mask) -> int | None:
             or not decode_attention.usable(query.dtype, attention_mask, query.device)):
         return None
     kv = key.shape[1]
+    if whole_sums:  # asked for one row of length 1: whether the kernel is known here, whatever the sizes
+        return None if decode_attention.sum_chunks(1, h // kv, 1) is None else 1
     return decode_attention.sum_chunks(b * kv, h // kv, key.shape[2])
 
 
-def _decode_kernel_chunks(scores: torch.Tensor, attention_mask, q: int) -> int | None:
+def _decode_kernel_chunks(scores: torch.Tensor, attention_mask, q: int, whole_sums: bool = False) -> int | None:
     """How decode_softmax's kernel splits each sum, where a compiled decoding step's softmax can go through it
-    (kernels/decode_attention.py); None where inductor's own kernel is kept."""
+    (kernels/decode_attention.py); None where inductor's own kernel is kept. whole_sums: 1 wherever the kernel is
+    known, asked without the row count (which a step compiled for any number of rows does not fix)."""
     if q != 1 or not decode_attention.usable(scores.dtype, attention_mask, scores.device):
         return None
     b, kv, length, g, _ = scores.shape
+    if whole_sums:  # asked for one row of length 1: whether the kernel is known here, whatever the sizes
+        return None if decode_attention.sum_chunks(1, g, 1) is None else 1
     return decode_attention.sum_chunks(b * kv, g, length)
 
 
@@ -109,17 +119,28 @@ _GROUPED_BY_LAYOUT = {"cache_axis": (GROUPED, grouped_attention),
                       "last_axis": (GROUPED_LAST_AXIS, grouped_attention_last_axis)}
 # speed.attention_decode's choices: how grouped attention lays out a decoding step's scores
 DECODE_LAYOUTS = tuple(_GROUPED_BY_LAYOUT)
+# grouped attention whose decoding steps sum each softmax in one pass (`use(..., whole_sums=True)`)
+GROUPED_WHOLE_SUMS = "grpo_grouped_whole_sums"
 
 
-def use(model: torch.nn.Module, choice: str, decode: str = "cache_axis") -> str | None:
+def _grouped_whole_sums(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    return grouped_attention(module, query, key, value, attention_mask, scaling, dropout, whole_sums=True, **kwargs)
+
+
+def use(model: torch.nn.Module, choice: str, decode: str = "cache_axis", whole_sums: bool = False) -> str | None:
     """Set `model`'s attention to `choice` (see CHOICES), grouped attention's decoding steps laid out as
-    `decode` says (DECODE_LAYOUTS); returns the implementation now in use, or None where this transformers
-    release cannot take it (the model keeps its own, logged)."""
+    `decode` says (DECODE_LAYOUTS), their softmax sums unsplit with `whole_sums` (grouped_attention; the cache axis
+    layout only); returns the implementation now in use, or None where this transformers release cannot take it
+    (the model keeps its own, logged)."""
     if choice not in CHOICES:
         raise ValueError(f"unknown attention {choice!r}; choose one of {', '.join(CHOICES)}")
     if decode not in DECODE_LAYOUTS:
         raise ValueError(f"unknown decoding layout {decode!r}; choose one of {', '.join(DECODE_LAYOUTS)}")
+    if whole_sums and (choice, decode) != ("grouped", "cache_axis"):
+        raise ValueError("whole_sums applies to grouped attention with the cache_axis layout")
     name, function = _GROUPED_BY_LAYOUT[decode] if choice == "grouped" else (choice, None)
+    if whole_sums:
+        name, function = GROUPED_WHOLE_SUMS, _grouped_whole_sums
     try:
         if function is not None:
             from transformers import AttentionInterface
