@@ -30,6 +30,7 @@ import torch
 from grpo_exp.base import log, stop
 from grpo_exp.base.cpu import compiler_missing
 from grpo_exp.config.speed import ROLLOUT_SAMPLERS
+from grpo_exp.evaluation.fast_decode import static_cache_unsupported
 from grpo_exp.kernels import attention, packed_linear, small_rows
 from grpo_exp.training import shared_prefix
 
@@ -45,27 +46,10 @@ def _cache_kwarg(model_type: type) -> str:
     return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
 
 
-def _static_layers_ok(config) -> str | None:
-    """The engine writes the prefix into transformers' StaticLayer directly; other layer kinds (sliding
-    window, linear attention) or older layers without a tensor length are left to TRL's path."""
-    try:
-        from transformers import StaticCache
-        from transformers.cache_utils import StaticLayer
-    except ImportError:
-        return "a transformers release without StaticCache"
-    cache = StaticCache(config=config, max_cache_len=8)
-    if not all(type(layer) is StaticLayer for layer in cache.layers):
-        return "a model with sliding-window or other non-static cache layers"
-    layer = cache.layers[0]
-    if not (hasattr(layer, "cumulative_length") and hasattr(layer, "lazy_initialization")):
-        return "a transformers release whose StaticLayer has no cumulative_length"
-    return None
-
-
 def model_unsupported_reason(model) -> str | None:
     """Why the engine cannot decode this model (None when it can)."""
     # the engine applies the LM head itself, as shared-prefix scoring does: the same models qualify
-    return shared_prefix.unsupported_reason(model) or _static_layers_ok(model.config)
+    return shared_prefix.unsupported_reason(model) or static_cache_unsupported(model.config)
 
 
 def rollout_copy(model: torch.nn.Module, dtype: torch.dtype, autocast: bool = False,
