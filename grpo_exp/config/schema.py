@@ -283,6 +283,11 @@ class EvalConfig:
     batch_size: int = 32
     max_new_tokens: Optional[int] = None  # None: each set's stage max_completion_length
     do_sample: bool = False  # greedy by default
+    # how greedy completions are decoded (evaluation/generate.decode_path): auto (the engine path,
+    # evaluation/fast_decode.py, where it serves the model: fp32 on the CPU, no adapters or quantized layers; else
+    # HF generate), engine (an error where it cannot), generate (HF generate, which published figures used).
+    # Sampled completions (do_sample, pass_k, maj_k) always decode through generate.
+    decode: str = "auto"
     temperature: float = 1.0
     # sampling filters, as train.top_k/top_p: 0 and 1.0 sample the whole vocabulary, as TRL's rollouts do
     # (HF generate alone would apply top_k=50, a sharper sampler than the one training learns from)
@@ -307,12 +312,14 @@ class EvalConfig:
     forgetting_sets: List[str] = field(default_factory=list)
 
     SPLITS = ("validation", "test")  # the training split is never scored as held-out
+    DECODES = ("auto", "engine", "generate")
 
     @staticmethod
     def check(ev: Any) -> None:
         from grpo_exp.config.options import group_options
 
         require_choice("eval.split", ev.split, EvalConfig.SPLITS)
+        require_choice("eval.decode", ev.decode, EvalConfig.DECODES)
         valid = group_options("stage")
         for name in ev.sets:
             require(name in valid, f"unknown eval set '{name}' in eval.sets; valid sets: {', '.join(valid)}")

@@ -1,6 +1,9 @@
 """Ground-truth evaluation of a policy on a problem set: batched greedy (or seeded sampled)
 generation, the same answer parser as the correctness reward, Wilson intervals, speed and memory.
 
+Greedy completions decode through evaluation/fast_decode.py where it can serve the model (eval.decode=auto), else
+through HF `generate`; sampled ones always through `generate`.
+
 Heuristic measures are reported under `heuristic_*` keys and never mixed into accuracy.
 """
 
@@ -13,12 +16,16 @@ import torch
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from grpo_exp.base import stop
+from grpo_exp.base import log, stop
+from grpo_exp.config.schema import EvalConfig
 from grpo_exp.core import rewards
 from grpo_exp.core.data import prompt_messages
 from grpo_exp.base.monitor import peak_rss_mb
+from grpo_exp.evaluation import fast_decode
 from grpo_exp.evaluation.stats import (BOOTSTRAP_RESAMPLES, bootstrap_interval, majority_vote, pass_at_k,
                                       wilson_interval)
+
+logger = log.get_logger(__name__)
 
 
 def model_size_mb(model: torch.nn.Module) -> float:
@@ -73,26 +80,97 @@ class StopRequested(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
+_told: set[str] = set()  # the fallback reasons logged already in this process
+
+
+def decode_path(model, decode: str = "auto", do_sample: bool = False) -> str:
+    """Which path decodes `model`'s completions: "engine" (fast_decode.GreedyDecoder) or "generate".
+
+    decode: eval.decode. auto: the engine where fast_decode.unsupported_reason finds nothing against the model (fp32
+    weights on the CPU, no adapters, no quantized layers, ...), else generate, the reason logged once; engine: the
+    engine or an error naming why not; generate: HF generate, the path published figures were computed with.
+    Sampled completions (do_sample) always decode through generate, whose draws the pass@k figures are."""
+    if decode not in EvalConfig.DECODES:
+        raise ValueError(f"unknown eval.decode {decode!r}; choose one of {', '.join(EvalConfig.DECODES)}")
+    if decode == "generate" or do_sample:
+        return "generate"
+    why = fast_decode.unsupported_reason(model)
+    if why is None:
+        return "engine"
+    if decode == "engine":
+        raise ValueError(f"eval.decode=engine cannot decode this model: {why} (eval.decode=auto falls back to "
+                         f"generate)")
+    if why not in _told:
+        _told.add(why)
+        logger.info("greedy evaluation decodes through generate: %s", why)
+    return "generate"
+
+
 def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
                          do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                         seed: int = 0, desc: str = "generating") -> tuple[list[str], list[int], float, int]:
+                         seed: int = 0, desc: str = "generating",
+                         decode: str = "auto") -> tuple[list[str], list[int], float, int]:
     """Completions for chat prompts: (texts, completion token counts, seconds spent generating,
     token positions decoded). A batch decodes until its longest completion ends, so positions
     include the padding after shorter completions' EOS: positions / seconds is the raw decoding
-    throughput, comparable between models whose answers differ in length."""
+    throughput, comparable between models whose answers differ in length. `decode`: see decode_path."""
+    engine = decode_path(model, decode, do_sample) == "engine"
     padding_side = tokenizer.padding_side
     tokenizer.padding_side = "left"  # decoder-only generation needs the prompt flush against the new tokens
     was_training = model.training
     model.eval()
     try:
         with fp32_decoding(model):  # once for the whole set: its check and the unwrapping are per model
-            texts, lengths, seconds, positions = _generate_batches(
-                model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, desc=desc)
+            if engine:
+                texts, lengths, seconds, positions = _engine_batches(
+                    model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, desc=desc)
+            else:
+                texts, lengths, seconds, positions = _generate_batches(
+                    model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                    do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, desc=desc)
     finally:  # also when a stop ends it: an evaluation during training hands the policy back as it found it
         model.train(was_training)
         tokenizer.padding_side = padding_side
     return texts, lengths, seconds, positions
+
+
+def _eos_token_ids(model, tokenizer) -> list[int]:
+    """The tokens that end a row in greedy `generate`: the generation config's EOS (one or a list)."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def _engine_batches(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
+                    desc: str) -> tuple[list[str], list[int], float, int]:
+    """generate_completions' loop over batches on the engine path: the model's GreedyDecoder (built on its first
+    evaluation, its compiled step reused), the prompts in batches of at most `batch_size` as even as can be (200
+    prompts at 32: 7 batches of 28-29 rows, not a last one of 8)."""
+    decoder = fast_decode.decoder_for(model)
+    rows = -(-len(prompts) // -(-len(prompts) // batch_size)) if prompts else 1
+    eos = _eos_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    encoded = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, return_dict=True)["input_ids"]
+    texts, lengths, seconds, positions = [""] * len(prompts), [0] * len(prompts), 0.0, 0
+    batches = decoder.batches(encoded, rows=rows, max_new_tokens=max_new_tokens, eos_token_ids=eos, pad_token_id=pad)
+    for held, new, spent in tqdm(batches, total=-(-len(prompts) // rows), desc=desc, leave=False):
+        seconds += spent
+        positions += new.numel()
+        batch_texts, batch_lengths = [], []
+        _append_texts(new, tokenizer, batch_texts, batch_lengths)
+        for i, text, n in zip(held, batch_texts, batch_lengths):
+            texts[i], lengths[i] = text, n
+    return texts, lengths, seconds, positions
+
+
+def _append_texts(new: torch.Tensor, tokenizer, texts: list[str], lengths: list[int]) -> None:
+    """Each row's text and token count, up to and including its first EOS or pad token (the rest is padding)."""
+    for row in new:
+        ids = row.tolist()
+        n = next((i + 1 for i, t in enumerate(ids) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)), len(ids))
+        lengths.append(n)
+        texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True))
 
 
 def _generate_batches(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
@@ -120,12 +198,7 @@ def _generate_batches(model, tokenizer, prompts: list[list[dict]], *, max_new_to
         seconds += time.perf_counter() - t0
         new = out[:, enc["input_ids"].shape[1]:]
         positions += new.numel()
-        for row in new:
-            ids = row.tolist()
-            # Count up to and including the first EOS: the rest is padding.
-            n = next((i + 1 for i, t in enumerate(ids) if t in (tokenizer.eos_token_id, tokenizer.pad_token_id)), len(ids))
-            lengths.append(n)
-            texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True))
+        _append_texts(new, tokenizer, texts, lengths)
     return texts, lengths, seconds, positions
 
 
@@ -247,16 +320,18 @@ def sampled_metrics(examples: list[dict], drawn: list[tuple[list[float | None], 
 def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_new_tokens: int, batch_size: int = 8,
              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              desc: str = "eval", pass_k: list[int] | tuple = (), maj_k: list[int] | tuple = (),
-             num_samples: int | None = None, judge=None) -> tuple[dict, list[dict]]:
+             num_samples: int | None = None, judge=None, decode: str = "auto") -> tuple[dict, list[dict]]:
     """Generate for every problem and score against its ground truth (a prompts stage's: by `judge`, its eval
     reward); with `pass_k` or `maj_k`, also sample `num_samples` completions per problem (default: the largest k) at
     `temperature` and report pass@1 estimated from them, pass@k and maj@k for each k, with bootstrap intervals
-    (sampled_metrics; maj@k votes on the parsed numbers against the `answer` column)."""
+    (sampled_metrics; maj@k votes on the parsed numbers against the `answer` column). `decode`: eval.decode, the
+    path of the greedy (or do_sample) completions (decode_path); the pass@k and maj@k samples use generate."""
     prompts = [prompt_messages(ex, system_prompt) for ex in examples]
+    path = decode_path(model, decode, do_sample)
     texts, lengths, seconds, positions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                                    batch_size=batch_size, do_sample=do_sample,
                                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                                   desc=desc)
+                                                   desc=desc, decode=path)
     metrics, samples = score(examples, texts, lengths, judge, prompts)
     metrics.update({
         "generation_s": seconds,
@@ -267,6 +342,7 @@ def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "model_size_mb": round(model_size_mb(model), 1),
         "decoding": "sampled" if do_sample else "greedy",
+        "decoded_by": path,  # engine (evaluation/fast_decode.py) or generate
         # problems asking for different computations (generated levels' canonical key; GSM8K: the question)
         "distinct": len({ex.get("key") or ex["question"] for ex in examples}),
     })

@@ -276,7 +276,7 @@ def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -
                                  temperature=ev.temperature, top_k=ev.top_k, top_p=ev.top_p, seed=ev.seed,
                                  desc=" ".join(filter(None, ("eval", label, s.name))),
                                  pass_k=list(ev.pass_k), maj_k=list(ev.maj_k), num_samples=pass_k_samples(ev),
-                                 judge=s.judge)
+                                 judge=s.judge, decode=ev.decode)
         metrics.update({"dataset": s.dataset, "source": s.source, "held_out": s.held_out,
                         "max_new_tokens": s.max_new_tokens})
         results[s.name] = metrics
@@ -313,6 +313,7 @@ def settings_summary(cfg, sets: list[EvalSet]) -> dict:
         "batch_size": cfg.eval.batch_size,
         "max_new_tokens": {s.name: s.max_new_tokens for s in sets},
         "decoding": "sampled" if cfg.eval.do_sample else "greedy",
+        "decode": cfg.eval.decode,  # eval.decode; each set's figures say which path decoded them (decoded_by)
         "temperature": cfg.eval.temperature if sampled else None,
         "top_k": cfg.eval.top_k if sampled else None,
         "top_p": cfg.eval.top_p if sampled else None,

@@ -38,6 +38,9 @@ def cache_path(cfg, sets: list, start_model_dir: Path | None = None) -> tuple[Pa
         key["sampling_filters"] = [cfg.eval.top_k, cfg.eval.top_p]
     if cfg.eval.maj_k:  # likewise: keys without maj@k stay as they were
         key["maj_k"] = list(cfg.eval.maj_k)
+    decode = cfg.eval.get("decode", "generate")
+    if decode != "generate":  # greedy answers through the engine path (figures cached before it were generate's)
+        key["decode"] = decode
     if start_model_dir is not None:
         model_dir = Path(start_model_dir).resolve()
         key["start_model"] = [str(model_dir), sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)

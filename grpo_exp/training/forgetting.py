@@ -115,10 +115,11 @@ class ForgettingCallback(TrainerCallback):
     """Every N steps (and after the last): KL from the previous policy and greedy accuracy on earlier stages."""
 
     def __init__(self, pending_logs: dict, sets: list[tuple[str, list[dict], int, Reference, object]],
-                 every_steps: int, *, system_prompt: str, batch_size: int):
+                 every_steps: int, *, system_prompt: str, batch_size: int, decode: str = "auto"):
         self.pending_logs = pending_logs  # the trainer merges and clears it in its next log() call
         self.sets, self.every_steps = sets, every_steps
         self.system_prompt, self.batch_size = system_prompt, batch_size
+        self.decode = decode  # eval.decode (evaluation/generate.decode_path)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         step = state.global_step
@@ -134,7 +135,7 @@ class ForgettingCallback(TrainerCallback):
             kl = kl_from_reference(model, reference)
             metrics, _ = evaluate(model, tokenizer, examples, system_prompt=self.system_prompt,
                                   max_new_tokens=max_new_tokens, batch_size=self.batch_size,
-                                  desc=f"forgetting eval {name}", judge=judge)
+                                  desc=f"forgetting eval {name}", judge=judge, decode=self.decode)
             row.update({
                 f"forgetting/{name}/kl": kl["kl"],
                 f"forgetting/{name}/kl_per_token": kl["kl_per_token"],
@@ -169,4 +170,4 @@ def forgetting_callback(cfg, pending_logs: dict, previous_dir) -> ForgettingCall
     logger.info("forgetting reference for %s sampled from %s in %.1f s", ", ".join(s[0] for s in sets),
                 previous_dir, time.time() - t0)
     return ForgettingCallback(pending_logs, sets, cfg.eval.every_steps, system_prompt=cfg.reward.system_prompt,
-                              batch_size=cfg.eval.batch_size)
+                              batch_size=cfg.eval.batch_size, decode=cfg.eval.decode)

@@ -18,11 +18,12 @@ from grpo_exp.evaluation.generate import evaluate
 
 class HeldOutEvalCallback(TrainerCallback):
     def __init__(self, pending_logs: dict, set_name: str, examples: list[dict], every_steps: int, *,
-                 system_prompt: str, max_new_tokens: int, batch_size: int, judge=None):
+                 system_prompt: str, max_new_tokens: int, batch_size: int, judge=None, decode: str = "auto"):
         self.pending_logs = pending_logs  # the trainer merges and clears it in its next log() call
         self.set_name, self.examples, self.every_steps = set_name, examples, every_steps
         self.system_prompt, self.max_new_tokens, self.batch_size = system_prompt, max_new_tokens, batch_size
         self.judge = judge  # a prompts stage's eval reward (evaluation/judge.py), else None
+        self.decode = decode  # eval.decode (evaluation/generate.decode_path)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         step = state.global_step
@@ -31,7 +32,7 @@ class HeldOutEvalCallback(TrainerCallback):
         started = time.perf_counter()
         metrics, _ = evaluate(model, processing_class, self.examples, system_prompt=self.system_prompt,
                               max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
-                              desc=f"held-out eval {self.set_name}", judge=self.judge)
+                              desc=f"held-out eval {self.set_name}", judge=self.judge, decode=self.decode)
         prefix = f"eval/{self.set_name}"
         self.pending_logs.update({
             f"{prefix}/accuracy": metrics["accuracy"],
@@ -52,4 +53,4 @@ def held_out_callback(cfg, pending_logs: dict) -> HeldOutEvalCallback:
     return HeldOutEvalCallback(pending_logs, cfg.stage.name, validation_subset(cfg, cfg.stage), cfg.eval.every_steps,
                                system_prompt=cfg.reward.system_prompt,
                                max_new_tokens=cfg.train.max_completion_length, batch_size=cfg.eval.batch_size,
-                               judge=for_stage(cfg.stage, list(cfg.reward.funcs)))
+                               judge=for_stage(cfg.stage, list(cfg.reward.funcs)), decode=cfg.eval.decode)

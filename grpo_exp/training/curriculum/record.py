@@ -33,7 +33,8 @@ def evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list, 
         examples = held_out_split(stage_cfg.stage, stage_cfg.eval.split, limit, stage_cfg.train.seed)[:limit]
         metrics, samples = evaluate(model, tokenizer, examples, system_prompt=stage_cfg.reward.system_prompt,
                                     max_new_tokens=stage_cfg.train.max_completion_length, batch_size=batch_size,
-                                    seed=seed, desc=f"eval {stage_cfg.stage.name}")
+                                    seed=seed, desc=f"eval {stage_cfg.stage.name}",
+                                    decode=stage_cfg.eval.get("decode", "auto"))
         results.append((metrics, [int(s["correct"]) for s in samples]))
     del model
     gc.collect()
