@@ -85,7 +85,9 @@ def hostile(server: Server) -> list[tuple[str, str]]:
                        ("model.id", "model=custom "), ("stage.hub_id", ""), ("logger.dir", "logger=trackio ")):
         cases.append((f"{extra}{key}={out}/{escaped_env}", interpolation))
         cases.append((f"{extra}reward.system_prompt=.. {key}={out}/{escaped_key}/x", interpolation))
-        cases.append((f"{extra}{key}={outside}/x", "lies outside the folders the app reads and writes"))
+        # the app does not offer branching at all, wherever the path lies
+        not_offered = "branching takes another run's directory" if key == "curriculum.branch_from" else None
+        cases.append((f"{extra}{key}={outside}/x", not_offered or "lies outside the folders the app reads and writes"))
     cases += [
         (f"reward.system_prompt='a \\${{oc.env:GRPO_TEST_SECRET}}'", interpolation),
         (r"'model.name=a\b'", "a backslash is not accepted here"),  # quoted: shlex keeps the backslash
