@@ -12,9 +12,9 @@ import re
 import shlex
 from pathlib import Path
 
-from grpo_exp.analysis import compute_curve, continual, plots, provenance, report
+from grpo_exp.analysis import compute_curve, continual, forgetting_fit, plots, provenance, report
 
-PLOTS = ("learning_curve.png", "reward_curves.png", "forgetting_kl.png", "compute_curve.png")
+PLOTS = ("learning_curve.png", "reward_curves.png", "forgetting_kl.png", "compute_curve.png", "forgetting_vs_kl.png")
 
 
 def report_command(dirs: list[str], *options: str) -> str:
@@ -76,7 +76,8 @@ def write_page(dirs: list[str], page: str | Path, machine: str | None = None, al
             plots.plot_reward_curves(jobs, labels, assets),
             # one line per method (the swept settings but the seed), over its seeds
             plots.plot_forgetting_kl(jobs, continual.method_labels(jobs, report.seed_labels(df)), assets),
-            compute_curve.plot(jobs, report.seed_labels(df), assets / "compute_curve.png")]
+            compute_curve.plot(jobs, report.seed_labels(df), assets / "compute_curve.png"),
+            forgetting_fit.plot(forgetting_fit.points(jobs, report.seed_labels(df)), assets / "forgetting_vs_kl.png")]
 
     done = int((df["status"] == "completed").sum())
     lines = [f"# Results: {page.stem}", "",

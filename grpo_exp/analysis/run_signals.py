@@ -117,6 +117,9 @@ MEANINGS: dict[str, str] = {
     "forgetting/<set>/kl": "KL of the policy from the previous stage's model on that stage's prompts: forgetting",
     "forgetting/<set>/kl_per_token": "the same KL per completion token",
     "forgetting/<set>/seconds": "seconds the forgetting measurement took",
+    "drift/<set>/kl": "KL of the policy from the previous stage's model on this stage's own validation prompts: "
+                      "how far training moved it on the task it learns",
+    "drift/<set>/kl_per_token": "the same KL per completion token",
     # the console's last line of training (HF's summary), not in history.jsonl
     "train_runtime": "console only: seconds of trainer.train()",
     "train_samples_per_second": "console only: prompts trained on per second",
@@ -126,7 +129,7 @@ MEANINGS: dict[str, str] = {
 }
 
 PLACEHOLDER = re.compile(r"<(\w+)>")
-HELD_OUT = ("eval/", "forgetting/")
+HELD_OUT = ("eval/", "forgetting/", "drift/")
 
 
 def _pattern_regex(pattern: str) -> re.Pattern:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from grpo_exp.analysis import TABLES as NAMES  # the tables' names, as `grpo-report --table` takes them
-from grpo_exp.analysis import aggregates, compute_curve, continual, seed_summary
+from grpo_exp.analysis import aggregates, compute_curve, continual, forgetting_fit, seed_summary
 from grpo_exp.base.text import markdown_table
 
 
@@ -204,4 +204,14 @@ def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section
                            "the first method), paired problem by problem over the "
                            "seeds both ran (a seed scores the same problems in every method), with the paired 95% "
                            "interval and McNemar's exact p.", versus))
+    fits = forgetting_fit.fit_table(forgetting_fit.points(jobs, seed_labels))
+    if not fits.empty:
+        out.append(Section("forgetting_kl", "Forgetting against KL",
+                           "Each earlier stage's forgetting during a later stage (its held-out accuracy when the later "
+                           "stage began minus when it ended) against the KL from the previous stage's model at the "
+                           "later stage's end, on the later stage's own validation prompts (`drift/<stage>/kl`) and on "
+                           "the earlier stage's (`forgetting/<stage>/kl`): a least-squares line per family and over all "
+                           "points, its slope with the 95% t interval, R^2 and p. One point per job, later stage and "
+                           "earlier stage; a job's points share its seed, so the interval is conditional on them.",
+                           fits))
     return out

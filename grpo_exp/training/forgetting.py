@@ -15,6 +15,10 @@ from prev, never negative, and lower-variance than the plain log-ratio), plus gr
 same earlier-stage problems as `eval/<stage>/accuracy`, the key the earlier stage itself logged, so
 its curve continues across stages. Both sit on the `train/global_step` axis in history.jsonl and wandb.
 
+The same estimator on the stage's own validation prompts is `drift/<stage>/kl`: how far training moved the
+policy on the task it learns, the quantity RL's Razor finds predicts forgetting (and which lets GRPO and
+supervised fine-tuning be put on one axis).
+
 Cost per evaluation: one teacher-forced forward pass over the fixed samples and one greedy generation
 per earlier stage (`eval.every_limit` problems each); the reference sampling is paid once per stage.
 """
@@ -115,9 +119,11 @@ class ForgettingCallback(TrainerCallback):
     """Every N steps (and after the last): KL from the previous policy and greedy accuracy on earlier stages."""
 
     def __init__(self, pending_logs: dict, sets: list[tuple[str, list[dict], int, Reference, object]],
-                 every_steps: int, *, system_prompt: str, batch_size: int, decode: str = "auto"):
+                 every_steps: int, *, system_prompt: str, batch_size: int, decode: str = "auto",
+                 own: tuple[str, Reference] | None = None):
         self.pending_logs = pending_logs  # the trainer merges and clears it in its next log() call
         self.sets, self.every_steps = sets, every_steps
+        self.own = own  # (this stage's name, the previous policy's samples on its validation prompts)
         self.system_prompt, self.batch_size = system_prompt, batch_size
         self.decode = decode  # eval.decode (evaluation/generate.decode_path)
 
@@ -145,6 +151,10 @@ class ForgettingCallback(TrainerCallback):
                 f"eval/{name}/mean_tokens": metrics["mean_completion_tokens"],
                 f"eval/{name}/n": metrics["n"],
             })
+        if self.own is not None:
+            name, reference = self.own
+            kl = kl_from_reference(model, reference)
+            row.update({f"drift/{name}/kl": kl["kl"], f"drift/{name}/kl_per_token": kl["kl_per_token"]})
         return row
 
 
@@ -157,17 +167,25 @@ def forgetting_callback(cfg, pending_logs: dict, previous_dir) -> ForgettingCall
 
     t0 = time.time()
     previous, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=cfg.train.seed, init_from=previous_dir)
-    sets = []
-    for name in dict.fromkeys(cfg.eval.forgetting_sets):
+
+    def reference_on(name: str):
         stage, max_new_tokens = set_settings(cfg, name)
         examples = validation_subset(cfg, stage, name)
         reference = sample_reference(previous, tokenizer,
                                      [prompt_messages(ex, cfg.reward.system_prompt) for ex in examples],
                                      system_prompt=cfg.reward.system_prompt, max_new_tokens=max_new_tokens,
                                      seed=cfg.train.seed, batch_size=cfg.eval.batch_size)
+        return stage, examples, max_new_tokens, reference
+
+    sets = []
+    for name in dict.fromkeys(cfg.eval.forgetting_sets):
+        stage, examples, max_new_tokens, reference = reference_on(name)
         sets.append((name, examples, max_new_tokens, reference, for_stage(stage, list(cfg.reward.funcs))))
+    own = None
+    if cfg.stage.name not in cfg.eval.forgetting_sets:  # the KL on the prompts this stage trains for
+        own = (cfg.stage.name, reference_on(cfg.stage.name)[3])
     del previous
-    logger.info("forgetting reference for %s sampled from %s in %.1f s", ", ".join(s[0] for s in sets),
-                previous_dir, time.time() - t0)
+    logger.info("forgetting reference for %s (and the drift on %s) sampled from %s in %.1f s",
+                ", ".join(s[0] for s in sets), cfg.stage.name, previous_dir, time.time() - t0)
     return ForgettingCallback(pending_logs, sets, cfg.eval.every_steps, system_prompt=cfg.reward.system_prompt,
-                              batch_size=cfg.eval.batch_size, decode=cfg.eval.decode)
+                              batch_size=cfg.eval.batch_size, decode=cfg.eval.decode, own=own)

@@ -159,6 +159,9 @@ def test_three_stage_curriculum_writes_stages_fishers_and_matrix(tmp_path):
     assert {"forgetting/basic/kl", "eval/basic/accuracy", "eval/intermediate/accuracy"} <= logged[1]
     assert {"forgetting/basic/kl", "forgetting/intermediate/kl", "eval/advanced/accuracy"} <= logged[2]
     assert "forgetting/advanced/kl" not in logged[2]
+    # and how far it moved the policy on its own prompts (the drift that forgetting is fitted against)
+    assert not any(k.startswith("drift/") for k in logged[0])
+    assert "drift/intermediate/kl" in logged[1] and "drift/advanced/kl" in logged[2]
 
 
 def test_stage_gains_pair_each_stage_with_the_model_before_it():

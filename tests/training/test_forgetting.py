@@ -7,7 +7,7 @@ import torch
 
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.config.checks import validate
-from grpo_exp.training.forgetting import completion_logps, kl_from_reference, sample_reference
+from grpo_exp.training.forgetting import ForgettingCallback, completion_logps, kl_from_reference, sample_reference
 from tests.conftest import compose_cfg
 
 QUESTIONS = [f"What is {a} + {b}?" for a in range(1, 9) for b in range(1, 9)]  # 64 prompts
@@ -127,3 +127,12 @@ def test_a_looping_init_from_chain_ends(tmp_path):
     with pytest.raises(ConfigError, match="trained basic on the split of split seed 42"):
         validate(compose_cfg(["debug=smoke", "stage=intermediate", f"init_from={second}",
                               "eval.forgetting_sets=[basic]", "stage.split_seed=3"], tmp_path))
+
+def test_the_drift_on_the_stages_own_prompts_is_logged_beside_the_earlier_stages_forgetting(tiny_model):
+    """drift/<stage>/kl: the same estimator on the prompts the stage trains for (no accuracy: the stage's own
+    periodic evaluation has it); zero for the policy the samples came from."""
+    model, tokenizer = tiny_model
+    callback = ForgettingCallback({}, [], 5, system_prompt="", batch_size=8, own=("two_step", _reference(model, tokenizer)))
+    row = callback.measure(model, tokenizer)
+    assert set(row) == {"drift/two_step/kl", "drift/two_step/kl_per_token"}
+    assert row["drift/two_step/kl"] == pytest.approx(0.0, abs=1e-6)
