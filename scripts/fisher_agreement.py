@@ -6,7 +6,9 @@ the stage's training prompts, shuffled by the seed, at the stage's completion le
 per seed, from the same model: the packaged default model, or `--init-from`'s model/ (a trained run). Printed and
 written to fisher_agreement.json in --out (default outputs/fisher_agreement/<timestamp>): per sample count, the
 Spearman rank correlation over parameters of each pair of seeds' estimates (training/fisher_scale.rank_correlation),
-each estimate's raw mean and its seconds. Parameters as EWC covers them (embeddings left out, as by default)."""
+each estimate's raw mean and its seconds. Parameters as EWC covers them (embeddings left out, as by default).
+`--page docs/results/<name>.md --machine <docs/machines.md entry>` also writes a results page: the command, commit,
+date, machine and versions at its top, then the table."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import itertools
 import json
 import logging
 import random
+import shlex
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,6 +35,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2_135m", help="a conf/model option")
     parser.add_argument("--threads", default="2", help="cpu.threads")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--page", default=None, help="also write a results page (docs/results/<name>.md)")
+    parser.add_argument("--machine", default=None, help="the machine's entry in docs/machines.md, for --page")
     args = parser.parse_args()
     if len(set(args.seeds)) < 2 or min(args.samples) < 1:
         parser.error("give at least two different --seeds and positive --samples")
@@ -73,6 +79,34 @@ def main() -> None:
         result["by_samples"].append(row)
         (out / "fisher_agreement.json").write_text(json.dumps(result, indent=1))
     logger.info("wrote %s", out / "fisher_agreement.json")
+    if args.page:
+        write_page(Path(args.page), result, args.machine)
+        logger.info("wrote %s", args.page)
+
+
+def write_page(page: Path, result: dict, machine: str | None) -> None:
+    from grpo_exp.analysis import provenance
+
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    pairs = list(result["by_samples"][0]["spearman"])
+    lines = [f"# Results: {page.stem}", "", "<!-- Written by scripts/fisher_agreement.py; rerun its command. -->", "",
+             f"- **Made by:** `{command}`", provenance.commit_line("estimates", [], "made by this command"),
+             provenance.date_line(None), f"- **Machine:** {provenance.machine_line(machine, tool='the script')}",
+             provenance.versions_line("the script", [], ""), "",
+             f"The diagonal Fisher of `{result['model']}`" + (f" trained in `{result['init_from']}`"
+                                                               if result["init_from"] else "")
+             + f" on `{result['stage']}`'s training prompts ({result['max_new_tokens']} new tokens, temperature "
+             f"{result['temperature']:g}), estimated once per sampling seed at each sample count, as a stage's EWC "
+             "estimates it; Spearman's rank correlation over the parameters EWC covers (1: both estimates order "
+             "the parameters' importance alike).", "",
+             "| samples | " + " | ".join(f"Spearman, seeds {p}" for p in pairs) + " | raw mean per seed | seconds per "
+             "estimate |", "|---|" + "---|" * (len(pairs) + 2)]
+    for row in result["by_samples"]:
+        lines.append(f"| {row['samples']} | " + " | ".join(f"{row['spearman'][p]:.3f}" for p in pairs)
+                     + " | " + ", ".join(f"{v:.3g}" for v in row["raw_mean"].values())
+                     + " | " + ", ".join(f"{v:g}" for v in row["seconds"].values()) + " |")
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

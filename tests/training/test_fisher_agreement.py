@@ -13,7 +13,8 @@ from tests.conftest import ROOT
 def test_the_script_writes_each_sample_counts_rank_correlation(tmp_path):
     out = tmp_path / "agree"
     proc = subprocess.run([sys.executable, "scripts/fisher_agreement.py", "--model", "tiny_random", "--samples", "2",
-                           "4", "--seeds", "1", "2", "--threads", "1", "--out", str(out)], cwd=ROOT,
+                           "4", "--seeds", "1", "2", "--threads", "1", "--out", str(out),
+                           "--page", str(tmp_path / "page.md"), "--machine", "epyc-avx2"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((out / "fisher_agreement.json").read_text())
@@ -23,6 +24,9 @@ def test_the_script_writes_each_sample_counts_rank_correlation(tmp_path):
         assert -1.0 <= row["spearman"]["1-2"] <= 1.0
         # different seeds draw different prompts and completions: not the same estimate
         assert row["raw_mean"]["1"] != row["raw_mean"]["2"]
+    page = (tmp_path / "page.md").read_text()
+    assert "scripts/fisher_agreement.py --model tiny_random" in page and "**Commit:**" in page
+    assert f"| 4 | {result['by_samples'][1]['spearman']['1-2']:.3f} |" in page
 
 
 @pytest.mark.slow
