@@ -354,3 +354,7 @@ def test_the_comparison_experiment_gives_both_curricula_the_same_budget_and_prob
     assert run.train.max_completion_length == max(c.train.max_completion_length for c in stage_cfgs) == 64
     assert run.curriculum.mode == "adaptive" and run.stage.name == "basic"
     assert run.train.seed == stage_cfgs[0].train.seed
+    # one recipe: every progressive stage and the adaptive run at the same length, KL and constant rate
+    for cfg in [*stage_cfgs, run]:
+        assert (cfg.train.max_completion_length, cfg.train.lr_scheduler_type) == (64, "constant")
+        assert (cfg.train.beta, cfg.train.learning_rate) == (run.train.beta, run.train.learning_rate)
