@@ -76,19 +76,40 @@ def _combined(jobs: list[dict]) -> list[str]:
     return [f"{key}={','.join(v)}" for key, v in values.items()]
 
 
+def _values(value: str) -> set[str]:
+    """A sweep override's values: `a,b` is two; a list or a quoted value is one."""
+    return {value} if value[:1] in "[{'\"" else set(value.split(","))
+
+
+def _made_by(sweep: dict, job: dict) -> bool:
+    """Whether the sweep's command (its multirun.yaml) gives this job's overrides: every key the command sets, the
+    job has with one of its values; a key the job adds is one of the sweeper's params, with one of their values
+    where the record holds them."""
+    given = {k: _values(v) for k, _, v in (o.partition("=") for o in _task(sweep))}
+    params = {str(k): _values(str(v)) for k, v in ((sweep.get("sweeper") or {}).get("params") or {}).items()}
+    have = dict(o.partition("=")[::2] for o in _task(job))
+    if any(key not in have or have[key] not in values for key, values in given.items()):
+        return False
+    return all(key in given or key not in params or value in params[key] for key, value in have.items())
+
+
 def run_commands(job_dirs: list[Path]) -> list[str]:
     """The commands that made these job directories, one per sweep or single run, in first-seen order."""
     commands: list[str] = []
     sweeps: dict[Path, list[dict]] = {}
     for job in map(Path, job_dirs):
-        if (job.parent / "multirun.yaml").is_file():
-            hydra = _yaml(job.parent / "multirun.yaml").get("hydra") or {}
+        own = _yaml(job / ".hydra" / "hydra.yaml").get("hydra") or {}
+        sweep = _yaml(job.parent / "multirun.yaml").get("hydra") if (job.parent / "multirun.yaml").is_file() else None
+        if sweep is not None and (not own or _made_by(sweep or {}, own)):
+            hydra = sweep or {}
             command = _join(_entry(hydra), True, [*_hydra_overrides(hydra), *_task(hydra)])
         else:
-            hydra = _yaml(job / ".hydra" / "hydra.yaml").get("hydra") or {}
+            # a sweep directory's multirun.yaml is its last command's: a job an earlier command made (a resumed
+            # sweep given other values) is told by its own overrides
+            hydra = own
             if not hydra:
                 continue  # not made by Hydra (e.g. a copied folder): nothing recorded
-            if hydra.get("mode") == "MULTIRUN":
+            if hydra.get("mode") == "MULTIRUN" or sweep is not None:
                 sweeps.setdefault(job.parent, []).append(hydra)
                 continue
             command = _join(_entry(hydra), False, [*_hydra_overrides(hydra), *_task(hydra)])

@@ -167,6 +167,23 @@ def test_run_commands_rebuilt_from_jobs_without_multirun_yaml(tmp_path):
         "python -m grpo_exp.train -m ablation=none,beta_0 train.seed=42,1"]
 
 
+def test_a_sweep_dir_resumed_with_other_values_names_each_command(tmp_path):
+    """multirun.yaml is the last command's: the jobs an earlier command of the same sweep dir made are told by their own
+    overrides, not credited to it."""
+    sweep = tmp_path / "sweep"
+    _write(sweep / "multirun.yaml", {"hydra": {"overrides": {"hydra": ["hydra.mode=MULTIRUN"],
+                                                             "task": ["experiment=probes", "ablation=ds", "train.seed=1"]},
+                                               "sweeper": {"params": {"ablation": "none,ds"}},
+                                               "job": {"config_name": "train"}}})
+    jobs = [_job(sweep / name, ["experiment=probes", *extra], seed=seed) for name, extra, seed in (
+        ("none_42", ["ablation=none"], 42), ("ds_42", ["ablation=ds"], 42), ("ds_1", ["ablation=ds", "train.seed=1"], 1))]
+    assert provenance.run_commands(jobs) == [
+        "python -m grpo_exp.train -m experiment=probes ablation=ds train.seed=1",
+        "python -m grpo_exp.train -m experiment=probes ablation=none,ds"]
+    # a sweep whose every job the last command made has its one line
+    assert provenance.run_commands(jobs[2:]) == ["python -m grpo_exp.train -m experiment=probes ablation=ds train.seed=1"]
+
+
 def _report(*args):
     return subprocess.run([sys.executable, "-m", "grpo_exp.apps.report", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
