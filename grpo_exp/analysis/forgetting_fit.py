@@ -13,29 +13,22 @@ line says whether one axis orders GRPO and SFT alike, not that the distance caus
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
 from grpo_exp.analysis import continual
+from grpo_exp.base.io import read_jsonl
+from grpo_exp.base.run_files import HISTORY_FILE, stage_dir_name
 
 KL_AXES = {"drift": "KL on the new stage's prompts", "earlier": "KL on the earlier stage's prompts"}
 
 
 def _last_values(history_file: Path) -> dict:
-    """The last value of each key in a stage's history.jsonl (a torn last line is skipped)."""
+    """The last value of each numeric key in a stage's history.jsonl (a torn last line is skipped)."""
     last: dict = {}
-    try:
-        lines = history_file.read_text().splitlines()
-    except OSError:
-        return last
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for record in read_jsonl(history_file, tolerant=True):
         last.update({k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     return last
 
@@ -54,7 +47,7 @@ def points(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
             continue
         root, stages, matrix = Path(job["row"]["dir"]), cur["stages"], cur["matrix"]
         for i in range(1, len(stages)):
-            logged = _last_values(root / f"{i + 1}_{stages[i]}" / "history.jsonl")
+            logged = _last_values(root / stage_dir_name(i, stages[i]) / HISTORY_FILE)
             for j in range(i):
                 rows.append({"method": method, "family": family(cur), "seed": cur.get("seed"), "stage": stages[i],
                              "earlier": stages[j], "forgetting": matrix[i - 1][j] - matrix[i][j],

@@ -15,7 +15,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from grpo_exp.base.run_files import BEFORE_AFTER_FILE, HISTORY_FILE
+from grpo_exp.base.run_files import BEFORE_AFTER_FILE, HELD_OUT_PREFIXES, HISTORY_FILE
 
 TRL_GRPO = "https://huggingface.co/docs/trl/main/en/grpo_trainer"
 
@@ -129,7 +129,7 @@ MEANINGS: dict[str, str] = {
 }
 
 PLACEHOLDER = re.compile(r"<(\w+)>")
-HELD_OUT = ("eval/", "forgetting/", "drift/")
+HELD_OUT = HELD_OUT_PREFIXES
 
 
 def _pattern_regex(pattern: str) -> re.Pattern:

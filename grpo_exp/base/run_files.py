@@ -25,3 +25,12 @@ CURRICULUM_FILE = "curriculum.json"  # a curriculum's accuracy matrix and transf
 CURRICULUM_EVAL_FILE = "curriculum_eval.json"  # one curriculum stage's scores on every stage
 CURVES_FILE = "curves.png"
 PEFT_SETTINGS_FILE = "grpo_exp_peft.json"  # in adapter/: the peft.* settings and model the adapter was trained with
+
+# what a run logs about held-out problems (periodic evaluation, forgetting, drift): kept under their own names by
+# the loggers, apart from the training figures
+HELD_OUT_PREFIXES = ("eval/", "forgetting/", "drift/")
+
+
+def stage_dir_name(index: int, stage: str) -> str:
+    """A curriculum stage's directory in its run: 1_basic, 2_intermediate, ... (index from 0)."""
+    return f"{index + 1}_{stage}"

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_exp.base import log
 from grpo_exp.base.io import eval_sets
-from grpo_exp.base.run_files import COMPLETIONS_FILE
+from grpo_exp.base.run_files import COMPLETIONS_FILE, HELD_OUT_PREFIXES
 from grpo_exp.base.text import error_line
 
 logger = log.get_logger(__name__)
@@ -195,7 +195,7 @@ def _make_callback(step_offset: int, monitor):
                 if key in logs:
                     self._wandb.run.summary[key] = logs.pop(key)
             # held-out figures keep their own namespace (HF would file them under train/)
-            own = {k: logs.pop(k) for k in list(logs) if k.startswith(("eval/", "forgetting/", "drift/"))}
+            own = {k: logs.pop(k) for k in list(logs) if k.startswith(HELD_OUT_PREFIXES)}
             logs = {k: v for k, v in logs.items() if not isinstance(v, str)}  # e.g. skipped_reason: history.jsonl has it
             row = {**rewrite_logs(logs), **own}
             if not final and monitor is not None and monitor.rows and monitor.rows[-1].get("step") == state.global_step:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo_exp.base import log
-from grpo_exp.base.run_files import COMPLETIONS_FILE
+from grpo_exp.base.run_files import COMPLETIONS_FILE, HELD_OUT_PREFIXES
 from grpo_exp.base.text import error_line
 from grpo_exp.training import tracking
 
@@ -147,7 +147,7 @@ def _make_callback(tracker: Tracker, monitor):
             for key in tracking._SUMMARY_ONLY:
                 if key in logs:
                     tracker.summary[key] = logs.pop(key)
-            own = {k: logs.pop(k) for k in list(logs) if k.startswith(("eval/", "forgetting/", "drift/"))}
+            own = {k: logs.pop(k) for k in list(logs) if k.startswith(HELD_OUT_PREFIXES)}
             logs = {k: v for k, v in logs.items() if not isinstance(v, str)}  # e.g. skipped_reason: history.jsonl has it
             row = {**rewrite_logs(logs), **own}
             if final:  # HF's closing line (train_runtime, ..., epoch): summary values, not a second last point

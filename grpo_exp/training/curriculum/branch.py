@@ -20,7 +20,7 @@ from typing import Any, Callable
 from grpo_exp.base import log
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import write_json
-from grpo_exp.base.run_files import CURRICULUM_FILE, LOCK_FILE, SETTINGS_FILE
+from grpo_exp.base.run_files import CURRICULUM_FILE, LOCK_FILE, SETTINGS_FILE, stage_dir_name
 from grpo_exp.training import ewc
 from grpo_exp.training.run_dir import differences, training_settings
 
@@ -39,7 +39,7 @@ class NothingToShare(ConfigError):
 
 
 def stage_dir(root: Path, index: int, stage: str) -> Path:
-    return Path(root) / f"{index + 1}_{stage}"
+    return Path(root) / stage_dir_name(index, stage)
 
 
 def shared_stages(cfg: Any, root: Path, stages: list[str], stage_config: Callable[[int, str | None], Any],
