@@ -51,6 +51,23 @@ def test_a_stage_own_recipe_reaches_that_stage_only_and_wins_over_the_command_li
     assert [c.train.max_steps for c in cfgs] == [7, 7, 7]
 
 
+def test_an_experiments_stage_recipes_reach_their_stages_and_no_stage_inherits_them(tmp_path):
+    """experiment=long_ladder sets curriculum.stage_overrides in its file: each stage run gets its own recipe, and its
+    config holds none (Hydra would merge an emptying `{}` override into the experiment's dict, and the stage's check
+    would refuse recipes for stages it does not list)."""
+    from grpo_exp.training.curriculum.overrides import check_stages
+    from grpo_exp.training.curriculum.sequential import _stage_config
+    from tests.conftest import compose_cfg
+
+    user = ["experiment=long_ladder", "logger=none"]
+    cfg = compose_cfg(user, tmp_path)
+    stages = list(cfg.curriculum.stages)
+    cfgs = [_stage_config(cfg, user, stages, i, tmp_path) for i in range(len(stages))]
+    assert [c.train.dynamic_sampling for c in cfgs] == [False, False, True, True]
+    assert all(dict(c.curriculum.stage_overrides) == {} and list(c.curriculum.stages) == [] for c in cfgs)
+    check_stages(cfgs, tmp_path)  # what refused the experiment's run before a stage trained
+
+
 @pytest.mark.parametrize("entry, message", [
     ({"advanced": ["train.max_steps=5"]}, r"curriculum\.stage_overrides\.advanced: 'advanced' is not one of"),
     ({"basic": ["train.max_steps"]}, r"'train\.max_steps' is not a key=value override"),

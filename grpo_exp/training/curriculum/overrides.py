@@ -36,17 +36,25 @@ def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_f
     # a stage is a run of its own: what an experiment or a method file set for the curriculum as a whole (its stages,
     # their recipes, branching, the replay share) is reset, and the stage replays what the curriculum gives it
     replays = replay > 0 and bool(replay_from)
-    extra += ["curriculum.stages=[]", "curriculum.stage_overrides={}", "curriculum.branch_from=null",
+    extra += ["curriculum.stages=[]", RESET_STAGE_OVERRIDES, "curriculum.branch_from=null",
               "curriculum.branch_from_missing=error", f"curriculum.replay={replay if replays else 0}",
               f"curriculum.replay_from=[{','.join(replay_from or []) if replays else ''}]"]
     return [*kept, *(own or []), *extra]
 
 
+RESET_STAGE_OVERRIDES = "curriculum.stage_overrides={}"
+
+
 def compose_stage(overrides: list[str]):
-    """The config `python -m grpo_exp.train <overrides>` would get, composed with Hydra's API."""
+    """The config `python -m grpo_exp.train <overrides>` would get, composed with Hydra's API. Hydra merges a dict
+    given as an override into the node it names, so `curriculum.stage_overrides={}` cannot empty what an experiment
+    set: the composed node is emptied here instead."""
     from grpo_exp.config.compose import compose
 
-    return compose("train", overrides)
+    cfg = compose("train", [o for o in overrides if o != RESET_STAGE_OVERRIDES])
+    if RESET_STAGE_OVERRIDES in overrides:
+        cfg.curriculum.stage_overrides = {}
+    return cfg
 
 
 def check_stages(stage_cfgs: list, root: Path) -> None:
