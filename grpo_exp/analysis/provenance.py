@@ -99,9 +99,10 @@ def run_commands(job_dirs: list[Path]) -> list[str]:
     sweeps: dict[Path, list[dict]] = {}
     for job in map(Path, job_dirs):
         own = _yaml(job / ".hydra" / "hydra.yaml").get("hydra") or {}
-        sweep = _yaml(job.parent / "multirun.yaml").get("hydra") if (job.parent / "multirun.yaml").is_file() else None
-        if sweep is not None and (not own or _made_by(sweep or {}, own)):
-            hydra = sweep or {}
+        sweep = (_yaml(job.parent / "multirun.yaml").get("hydra") or {}) if (job.parent / "multirun.yaml").is_file() \
+            else None
+        if sweep is not None and (not own or _made_by(sweep, own)):
+            hydra = sweep
             command = _join(_entry(hydra), True, [*_hydra_overrides(hydra), *_task(hydra)])
         else:
             # a sweep directory's multirun.yaml is its last command's: a job an earlier command made (a resumed

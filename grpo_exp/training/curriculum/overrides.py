@@ -36,24 +36,21 @@ def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_f
     # a stage is a run of its own: what an experiment or a method file set for the curriculum as a whole (its stages,
     # their recipes, branching, the replay share) is reset, and the stage replays what the curriculum gives it
     replays = replay > 0 and bool(replay_from)
-    extra += ["curriculum.stages=[]", RESET_STAGE_OVERRIDES, "curriculum.branch_from=null",
+    # (curriculum.stage_overrides too: compose_stage empties it)
+    extra += ["curriculum.stages=[]", "curriculum.branch_from=null",
               "curriculum.branch_from_missing=error", f"curriculum.replay={replay if replays else 0}",
               f"curriculum.replay_from=[{','.join(replay_from or []) if replays else ''}]"]
     return [*kept, *(own or []), *extra]
 
 
-RESET_STAGE_OVERRIDES = "curriculum.stage_overrides={}"
-
-
 def compose_stage(overrides: list[str]):
-    """The config `python -m grpo_exp.train <overrides>` would get, composed with Hydra's API. Hydra merges a dict
-    given as an override into the node it names, so `curriculum.stage_overrides={}` cannot empty what an experiment
-    set: the composed node is emptied here instead."""
+    """A curriculum stage's config: what `python -m grpo_exp.train <overrides>` would get (Hydra's compose API), less
+    the per-stage recipes an experiment file set for the curriculum (curriculum.stage_overrides). A stage is a run of
+    its own; Hydra merges a dict override into the node it names, so no `={}` override could empty it."""
     from grpo_exp.config.compose import compose
 
-    cfg = compose("train", [o for o in overrides if o != RESET_STAGE_OVERRIDES])
-    if RESET_STAGE_OVERRIDES in overrides:
-        cfg.curriculum.stage_overrides = {}
+    cfg = compose("train", overrides)
+    cfg.curriculum.stage_overrides = {}
     return cfg
 
 
