@@ -206,14 +206,17 @@ def test_a_launched_run_gets_no_secrets_reads_what_was_checked_and_stops_with_th
         second = Path(server.launch("model=tiny_random debug=smoke logger=none train.max_steps=200 "
                                     "eval.after_train=false eval.every_steps=null"))
         pids.append(server.started_pid(after=before))
-        _wait_for(second / "status.json", RUN_S)  # the run is going, not still importing
+        # its first step logged: the run is training, not still importing (status.json comes only at its end, and
+        # waiting for it let the 200 steps finish before the app was sent SIGTERM: nothing was left to stop)
+        _wait_for(second / "history.jsonl", RUN_S)
         temp = [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("grpo-app-reports-")]
         assert temp, list((tmp_path / "tmp").iterdir())
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(120) == 0
         assert _gone(pids[1], 5), "the app quit and left its run going"
         assert not any(p.exists() for p in temp), "the app's temporary folder is left behind"
-        assert json.loads((second / "status.json").read_text())["status"] != "running"
+        assert json.loads((second / "status.json").read_text())["status"] == "stopped"
+        assert len((second / "history.jsonl").read_text().splitlines()) < 200  # stopped, not finished
     finally:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
