@@ -38,8 +38,16 @@ def free_port() -> int:
 
 
 def start_app(outputs: Path, port: int, tmp: Path, env: dict | None = None) -> subprocess.Popen:
-    # TMPDIR: the app's report plots and Gradio's file cache stay in the test's tmp dir
+    # TMPDIR: the app's report plots and Gradio's file cache stay in the test's tmp dir. Torch's compile cache,
+    # under TMPDIR unless TORCHINDUCTOR_CACHE_DIR is set (its precompiled headers there whatever it says), is linked
+    # to the one every other test's runs use: in a new TMPDIR each app's first run built them anew (about 20 s)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     tmp.mkdir(exist_ok=True)
+    shared = Path(default_cache_dir())
+    shared.mkdir(parents=True, exist_ok=True)
+    if not (tmp / shared.name).exists():
+        (tmp / shared.name).symlink_to(shared, target_is_directory=True)
     return subprocess.Popen([sys.executable, "-m", "grpo_exp.app", "--port", str(port), "--outputs", str(outputs)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), **(env or {})})
