@@ -171,6 +171,7 @@ def test_a_stop_in_generation_writes_the_finished_step_and_resumes_to_the_uninte
     """Step 3 is abandoned in its rollout; step 2 had finished and had no checkpoint, so checkpoint-2 is written,
     with the RNG states step 2 left: the resumed run's rewards and weights are the uninterrupted run's."""
     exact = [*TINY, "train.learning_rate=1e-3", "train.max_steps=4", "train.save_steps=100", "cpu.threads=1"]
+    whole = Run(tmp_path / "whole", *exact)  # one thread each: on a second core while the other run is stopped
     run = Run(tmp_path / "run", *exact, slow="decode=0.2")
     run.wait_for_mark("generation-3")
     took = run.ended_within(run.signal(signal.SIGTERM))
@@ -182,7 +183,6 @@ def test_a_stop_in_generation_writes_the_finished_step_and_resumes_to_the_uninte
 
     resumed = resume(run.run_dir, *exact)
     assert resumed["resumed_from"].endswith("checkpoint-2") and _steps(run.run_dir) == [1, 2, 3, 4]
-    whole = Run(tmp_path / "whole", *exact)
     assert whole.finish() == 0, whole.read()[-3000:]
     rewards = [[row["reward"] for row in read_jsonl(d / "history.jsonl")] for d in (run.run_dir, whole.run_dir)]
     assert rewards[0] == rewards[1]
