@@ -185,8 +185,11 @@ def test_nan_reward_through_the_entrypoint_is_one_line_and_exit_3(tmp_path):
     assert len(errors) == 1 and "step 1" in errors[0]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a repeat of a make test case (below)
 def test_sigterm_saves_a_checkpoint_and_exits_nonzero(tmp_path):
+    """make test-long's: make test's test_stop.py::test_a_stop_in_generation_writes_the_finished_step_and_resumes_to_
+    the_uninterrupted_result checks the same (SIGTERM mid-run: exit 128 + 15, the last finished step checkpointed,
+    metrics.json `interrupted`)."""
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "train.max_steps=50", "train.save_steps=100")
     _wait_for(lambda: len(read_jsonl(run_dir / "history.jsonl")) >= 1, proc)
