@@ -12,7 +12,7 @@ GRPO_EXP_TEST_SLOW=<phase>=<seconds>[,...]: stretches a phase so that the tiny m
   eval     each token an evaluation decodes
   reward   each call of `sleepy`, in one sleep that polls nothing (as a slow reward function would)
   save     each checkpoint publish, before it renames anything
-A phase's mark slows that one alone (save-checkpoint-2=60, reward-1=120).
+A phase's mark slows that one alone (save-checkpoint-2=60, reward-1=120; generation-3=0.2: round 3's decoding steps).
   hold-<mark>   waits, once that phase has started, until a stop is requested (at most the seconds given): the
                 signal then lands inside the phase however slowly the test sends it on a loaded machine
 """
@@ -96,14 +96,14 @@ def hook_phases() -> None:
         return engine_generate(self, *args, **kwargs)
 
     def _sample(self, *args, **kwargs):
-        time.sleep(slow("decode"))
+        time.sleep(slow(f"generation-{_calls['generation']}", "decode"))
         return engine_sample(self, *args, **kwargs)
 
     RolloutEngine._compile_step, RolloutEngine.generate, RolloutEngine._sample = _compile_step, generate, _sample
 
     class Sleep(LogitsProcessor):
         def __call__(self, input_ids, scores):
-            time.sleep(slow("decode"))
+            time.sleep(slow(f"generation-{_calls['generation']}", "decode"))
             return scores
 
     hf_generate = GenerationMixin.generate

@@ -172,7 +172,7 @@ def test_a_stop_in_generation_writes_the_finished_step_and_resumes_to_the_uninte
     with the RNG states step 2 left: the resumed run's rewards and weights are the uninterrupted run's."""
     exact = [*TINY, "train.learning_rate=1e-3", "train.max_steps=4", "train.save_steps=100", "cpu.threads=1"]
     whole = Run(tmp_path / "whole", *exact)  # one thread each: on a second core while the other run is stopped
-    run = Run(tmp_path / "run", *exact, slow="decode=0.2")
+    run = Run(tmp_path / "run", *exact, slow="generation-3=0.2")  # the round the signal is sent in
     run.wait_for_mark("generation-3")
     took = run.ended_within(run.signal(signal.SIGTERM))
     assert_stopped(run, signal.SIGTERM, "during generation in step 3 (abandoned); checkpoint-2 written")
@@ -195,7 +195,7 @@ def test_a_stop_in_generation_writes_the_finished_step_and_resumes_to_the_uninte
 @pytest.mark.slow
 def test_a_stop_in_generation_after_a_checkpointed_step_keeps_that_checkpoint_as_it_is(tmp_path):
     args = [*TINY, "train.max_steps=4", "train.save_steps=2"]
-    run = Run(tmp_path / "run", *args, slow="decode=0.2")
+    run = Run(tmp_path / "run", *args, slow="generation-3=0.2")
     run.wait_for_mark("generation-3")
     before = (run.run_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json").stat().st_mtime_ns
     run.ended_within(run.signal(signal.SIGTERM))
@@ -223,7 +223,7 @@ def test_ctrl_c_in_a_reward_function_that_never_returns_stops_the_first_step(tmp
 @pytest.mark.slow
 def test_a_stop_in_the_held_out_evaluation_saves_the_step_it_follows(tmp_path):
     args = [*TINY, "train.max_steps=3", "train.save_steps=100", "eval.every_steps=1"]
-    run = Run(tmp_path / "run", *args, slow="eval=0.5,hold-eval-during=120")
+    run = Run(tmp_path / "run", *args, slow="hold-eval-during=120")
     run.wait_for_mark("eval-during")
     took = run.ended_within(run.signal(signal.SIGTERM))
     assert_stopped(run, signal.SIGTERM, "at the end of step 1")
@@ -236,7 +236,7 @@ def test_a_stop_in_the_held_out_evaluation_saves_the_step_it_follows(tmp_path):
 @pytest.mark.slow
 def test_a_stop_in_the_evaluation_after_training_keeps_the_final_checkpoint(tmp_path):
     args = [*SPREAD, "train.max_steps=2"]  # debug=smoke evaluates after training
-    run = Run(tmp_path / "run", *args, slow="eval=0.5,hold-eval-after=120")
+    run = Run(tmp_path / "run", *args, slow="hold-eval-after=120")
     run.wait_for_mark("eval-after")
     took = run.ended_within(run.signal(signal.SIGTERM))
     assert_stopped(run, signal.SIGTERM, "during evaluation after training (step 2)")
