@@ -106,11 +106,11 @@ def test_a_run_and_a_fresh_process_give_its_model_the_same_answers(tmp_path):
 
     run = tmp_path / "run"
     # the default model: the tiny random one answers blank lines in either precision, so it could not fail
-    # the training step's completions are short (bf16 is emulated, and slow, on a CPU without it); the evaluations'
-    # are long enough for the default model's answers
+    # the training step is small (bf16 is emulated, and slow, on a CPU without it: one prompt's 2 completions of 8
+    # tokens, no KL reference to load and score); the evaluations' are long enough for the default model's answers
     overrides = ["debug=smoke", "model=smollm2_135m", "train.max_steps=1", "train.max_completion_length=8",
-                 "train.precision=bf16", "eval.max_new_tokens=48", "eval.limit=8", "stage.num_test=8",
-                 "eval.every_steps=null", "logger=none"]
+                 "train.per_device_train_batch_size=2", "train.beta=0", "train.precision=bf16",
+                 "eval.max_new_tokens=48", "eval.limit=8", "stage.num_test=8", "eval.every_steps=null", "logger=none"]
     trained = run_module("grpo_exp.train", *overrides, f"hydra.run.dir={run}", timeout=600, env={"HF_HUB_OFFLINE": "1"})
     assert trained.returncode == 0, trained.stderr[-3000:]
     fresh = tmp_path / "fresh"
