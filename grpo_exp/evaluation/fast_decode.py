@@ -15,6 +15,10 @@ whole_sums), so any batch size gives the same answers; the default model's match
 (docs/evaluation.md, "The decoding path"). A decoder is built on a model's first evaluation (`decoder_for`) and kept
 while the model lives; its step is compiled once for any number of rows (and again only for a longer KV cache);
 each call's caches are freed at its end. generate.py picks this path or `generate` (eval.decode).
+
+Sliding-window layers (Gemma 3) are held as plain layers, the window applied by the model's own mask
+(plain_cache); a call whose prompts and new tokens reach past the window prefills each prompt whole, left-padded,
+without the shared prefix.
 """
 
 from __future__ import annotations
@@ -55,20 +59,62 @@ def _cache_kwarg(backbone_type: type) -> str:
 
 def static_cache_unsupported(config) -> str | None:
     """Why a static KV cache cannot hold this model's decoding (None when it can): the decoders write the prompt
-    into transformers' StaticLayer directly; other layer kinds (sliding window, linear attention) or older
-    layers without a tensor length are not served."""
+    into transformers' StaticLayer directly, a sliding-window layer's too (plain_cache). Other layer kinds
+    (chunked or linear attention, a layer reading another's cache) or older layers without a tensor length are
+    not served."""
     try:
         from transformers import StaticCache
         from transformers.cache_utils import StaticLayer
     except ImportError:
         return "a transformers release without StaticCache"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "a model with bidirectional attention"
     cache = StaticCache(config=config, max_cache_len=8)
-    if not all(type(layer) is StaticLayer for layer in cache.layers):
-        return "a model with sliding-window or other non-static cache layers"
+    kinds = list(getattr(config, "layer_types", None) or [])
+    for index, layer in enumerate(cache.layers):
+        if type(layer) is StaticLayer:
+            continue
+        kind = kinds[index] if index < len(kinds) else None
+        # a window the model's mask builds from config.sliding_window (plain_cache), not a chunk or another kind
+        if not (type(layer).__name__ == "StaticSlidingWindowLayer" and kind in ("sliding_attention", None)
+                and not getattr(config, "attention_chunk_size", None)
+                and isinstance(getattr(config, "sliding_window", None), int)):
+            return f"a model with {kind or type(layer).__name__} cache layers (the engine path serves full and " \
+                   f"sliding-window attention)"
     layer = cache.layers[0]
     if not (hasattr(layer, "cumulative_length") and hasattr(layer, "lazy_initialization")):
         return "a transformers release whose StaticLayer has no cumulative_length"
     return None
+
+
+def sliding_window(config) -> int | None:
+    """The window of the model's sliding-window layers; None where no layer slides."""
+    from transformers import DynamicCache
+
+    if not any(getattr(layer, "is_sliding", False) for layer in DynamicCache(config=config).layers):
+        return None
+    return int(config.sliding_window)
+
+
+def plain_cache(config, max_cache_len: int | None = None):
+    """transformers' cache for `config` (a StaticCache of `max_cache_len` positions, or a DynamicCache) with every
+    layer a plain one: a sliding-window layer keeps every position, and the window is the model's own mask's, which
+    transformers builds from config.sliding_window over the cache's positions, as over a whole sequence in TRL's
+    scoring forward and in `generate` (a row's positions contiguous, left-padded: exact at any length). Its memory
+    is the full length's where transformers' sliding layer would keep the window's. Why not that layer: the
+    decoders write the prefill into each layer and set its tensor length, and a StaticSlidingWindowLayer also
+    counts in a Python int (which a compiled step is specialised to) and rolls its tensors once full."""
+    from transformers import DynamicCache, StaticCache
+    from transformers.cache_utils import DynamicLayer, StaticLayer
+
+    if max_cache_len is None:
+        cache = DynamicCache(config=config)
+        cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
+    else:
+        cache = StaticCache(config=config, max_cache_len=max_cache_len)
+        cache.layers = [StaticLayer(max_cache_len=max_cache_len) if getattr(layer, "is_sliding", False) else layer
+                        for layer in cache.layers]
+    return cache
 
 
 def unsupported_reason(model) -> str | None:
@@ -101,7 +147,7 @@ def unsupported_reason(model) -> str | None:
         value = getattr(generation, name, None)
         if value is not None and value != (1.0 if name == "repetition_penalty" else 0) and value not in ([], {}):
             return f"a generation_config with {name}={value!r} (greedy generate applies it)"
-    return static_cache_unsupported(config)
+    return attention.unsupported_reason(model) or static_cache_unsupported(config)
 
 
 def _shared_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -128,6 +174,7 @@ class GreedyDecoder:
         self.head = self.model.get_output_embeddings()
         self._cache_kwarg = _cache_kwarg(type(self.backbone))
         self._cache = None  # the last batch's StaticCache
+        self.window = sliding_window(self.model.config)  # the sliding-window layers' window, if any (batches)
         self._length = 0  # the cache length of the last call
         self._prefix: tuple[tuple[int, ...], list] | None = None  # the call's shared prefix and its keys and values
         self.timings: dict[str, float] = {}
@@ -194,6 +241,10 @@ class GreedyDecoder:
         the end."""
         self.timings["prefill_s"] = 0.0
         prefix = shared_prefix_length(prompts)
+        if self.window is not None and max(len(p) for p in prompts) + max_new_tokens > self.window:
+            # past a sliding window the padding between the shared prefix and a row's own part would count in the
+            # row's distances: each prompt is prefilled whole, left-padded, as generate lays it out
+            prefix = 0
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         # StaticLayer's length is a Python int, which the compiled step is specialised to: it only grows (a
         # longer one compiles the step again), and a row's numbers do not depend on it (masked positions add 0)
@@ -229,10 +280,8 @@ class GreedyDecoder:
     def _prefix_states(self, ids: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's keys and values of the prompts' shared prefix, computed once per call (release forgets
         them: the weights may change before the next)."""
-        from transformers import DynamicCache
-
         if self._prefix is None or self._prefix[0] != ids:
-            cache = DynamicCache(config=self.model.config)
+            cache = plain_cache(self.model.config)
             tokens = torch.tensor([ids])
             self._eager_step(tokens, torch.arange(len(ids))[None], torch.ones_like(tokens), cache)
             self._prefix = (ids, [(layer.keys, layer.values) for layer in cache.layers])
@@ -242,8 +291,6 @@ class GreedyDecoder:
         """One forward over the prompts' own parts on top of their shared prefix: (last logits [n, vocab], the
         cache, the 2-D mask of its positions, each row's next position). Laid out as [prefix | padding | own part],
         each row's positions counting its real tokens from 0, as `generate` counts them."""
-        from transformers import DynamicCache
-
         own = [p[prefix:] for p in prompts]
         width = max(len(p) for p in own)
         ids = torch.full((len(own), width), pad_token_id, dtype=torch.long)
@@ -252,7 +299,7 @@ class GreedyDecoder:
             ids[i, width - len(row):] = torch.tensor(row)
             mask[i, width - len(row):] = 1
         positions = (prefix + mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        cache = DynamicCache(config=self.model.config)
+        cache = plain_cache(self.model.config)
         if prefix:
             for index, (keys, values) in enumerate(self._prefix_states(tuple(prompts[0][:prefix]))):
                 cache.update(keys.expand(len(own), -1, -1, -1), values.expand(len(own), -1, -1, -1), index)
@@ -299,9 +346,7 @@ class GreedyDecoder:
     def _static_cache(self, prefilled, length: int):
         """The decoding cache for this batch, holding the prefill's keys and values: a new one per batch (its rows
         are the batch's, a dynamic size in the compiled step)."""
-        from transformers import StaticCache
-
-        cache = StaticCache(config=self.model.config, max_cache_len=length)
+        cache = plain_cache(self.model.config, length)
         width = prefilled.layers[0].keys.shape[2]
         for big, small in zip(cache.layers, prefilled.layers):
             big.lazy_initialization(small.keys, small.values)

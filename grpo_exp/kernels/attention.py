@@ -127,17 +127,33 @@ def _grouped_whole_sums(module, query, key, value, attention_mask, scaling, drop
     return grouped_attention(module, query, key, value, attention_mask, scaling, dropout, whole_sums=True, **kwargs)
 
 
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why grouped attention cannot compute this model's attention (None when it can): it computes softmax(scores *
+    scaling + mask) @ value, with the window of a sliding-window layer in the mask; a model whose attention caps its
+    scores (Gemma 2's attn_logit_softcapping) or adds sink logits (gpt-oss) needs its own."""
+    for module in model.modules():
+        if getattr(module, "attn_logit_softcapping", None) is not None:
+            return "a model whose attention caps its scores (attn_logit_softcapping)"
+        if getattr(module, "sinks", None) is not None:
+            return "a model with attention sinks"
+    return None
+
+
 def use(model: torch.nn.Module, choice: str, decode: str = "cache_axis", whole_sums: bool = False) -> str | None:
     """Set `model`'s attention to `choice` (see CHOICES), grouped attention's decoding steps laid out as
     `decode` says (DECODE_LAYOUTS), their softmax sums unsplit with `whole_sums` (grouped_attention; the cache axis
-    layout only); returns the implementation now in use, or None where this transformers release cannot take it
-    (the model keeps its own, logged)."""
+    layout only); returns the implementation now in use, or None where this transformers release or the model's
+    attention (unsupported_reason) cannot take it (the model keeps its own, logged)."""
     if choice not in CHOICES:
         raise ValueError(f"unknown attention {choice!r}; choose one of {', '.join(CHOICES)}")
     if decode not in DECODE_LAYOUTS:
         raise ValueError(f"unknown decoding layout {decode!r}; choose one of {', '.join(DECODE_LAYOUTS)}")
     if whole_sums and (choice, decode) != ("grouped", "cache_axis"):
         raise ValueError("whole_sums applies to grouped attention with the cache_axis layout")
+    why = unsupported_reason(model) if choice == "grouped" else None
+    if why:
+        logger.info("attention grouped not set (%s); the model's own is used", why)
+        return None
     name, function = _GROUPED_BY_LAYOUT[decode] if choice == "grouped" else (choice, None)
     if whole_sums:
         name, function = GROUPED_WHOLE_SUMS, _grouped_whole_sums

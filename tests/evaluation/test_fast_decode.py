@@ -19,6 +19,7 @@ from grpo_exp.core.quantization import dynamic_int8
 from grpo_exp.evaluation import fast_decode
 from grpo_exp.evaluation.generate import decode_path, evaluate, generate_completions
 from tests.conftest import compose_cfg
+from tests.training.test_rollout import sliding_model
 
 QUESTIONS = ["What is 7 + 5?", "Add 13 and 29.", "What is 9 - 4?", "Multiply 8 by 34.", "What is 40 / 8?",
              "Subtract 17 from 60.", "What is 6 * 7?", "A box holds 6 pears. How many pears are in 5 boxes?"]
@@ -142,6 +143,52 @@ def test_an_unsupported_model_falls_back_to_generate_with_the_reason_logged_once
     assert len(told) <= 1  # once per process: an earlier test may have logged it already
     with pytest.raises(ValueError, match=f"eval.decode=engine cannot decode this model: .*{re.escape(reason)}"):
         decode_path(other, "engine")
+
+
+@pytest.mark.parametrize("window", [5, 512], ids=["past_the_window", "within_the_window"])
+def test_a_sliding_window_model_decodes_generate_s_greedy_tokens(window):
+    """Gemma 3-like layers, half of them sliding: within the window the prompts share their prefix (laid out
+    [prefix | padding | own part]); past it each prompt is prefilled whole, left-padded, as generate lays it out
+    (the padding would otherwise count in the window). The same tokens as generate, with rows ending at different
+    steps."""
+    model = sliding_model("gemma3", window)
+    assert fast_decode.unsupported_reason(model) is None
+    prompts = _token_prompts()
+    decoder = fast_decode.GreedyDecoder(model, compile=False)
+    assert decoder.window == window
+    ends = _ends(model, prompts)[1]
+    assert _decoded(decoder, prompts, 3, ends) == _generated(model, prompts, ends)
+
+
+def _tiny(name: str, **settings):
+    import transformers
+
+    config = getattr(transformers, name)(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, **settings)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("make,reason", [
+    (lambda: _tiny("Llama4TextConfig", attention_chunk_size=8), "a model with chunked_attention cache layers"),
+    (lambda: _tiny("Qwen3NextConfig"), "a model with linear_attention cache layers"),
+    (lambda: _tiny("Gemma3TextConfig", use_bidirectional_attention=True), "a model with bidirectional attention"),
+    (lambda: _tiny("GptOssConfig", num_local_experts=2, num_experts_per_tok=1), "a model with attention sinks"),
+    (lambda: _tiny("Gemma2Config", final_logit_softcapping=None),
+     "a model whose attention caps its scores (attn_logit_softcapping)"),
+], ids=["chunked", "linear", "bidirectional", "sinks", "softcapping"])
+def test_what_neither_decoder_serves_is_named(make, reason):
+    """Hub models the engine path does not serve, past the sliding windows it does: the reason names what it is (the
+    rollout engine's and greedy evaluation's alike), and grouped attention leaves a model's own attention where it
+    cannot compute it."""
+    from grpo_exp.kernels import attention
+    from grpo_exp.training import rollout
+
+    model = make()
+    assert fast_decode.unsupported_reason(model).startswith(reason)
+    assert rollout.model_unsupported_reason(model).startswith(reason)
+    if reason.startswith(("a model with attention sinks", "a model whose attention")):
+        own = model.config._attn_implementation
+        assert attention.use(model, "grouped") is None and model.config._attn_implementation == own
 
 
 def test_the_quantized_model_is_scored_through_generate(model):

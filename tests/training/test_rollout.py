@@ -194,6 +194,94 @@ def test_cdf_sampler_matches_the_models_first_token_distribution(tiny):
     assert chi2 < dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3, chi2
 
 
+# a tiny random model of each family whose layers (all, or some, as Gemma 3's) attend over a sliding window
+SLIDING = {"gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=16,
+                                               layer_types=["sliding_attention", "full_attention"])),
+           "mistral": ("MistralConfig", {}),
+           "qwen2": ("Qwen2Config", dict(use_sliding_window=True, max_window_layers=1))}
+
+
+def sliding_model(family: str, window: int):
+    """A 2-layer random model of `family` (SLIDING) with a sliding window of `window` positions, its weights scaled
+    up so that its next-token distributions are far from uniform (the window then changes what it draws)."""
+    import transformers
+
+    name, settings = SLIDING[family]
+    config = getattr(transformers, name)(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                         pad_token_id=0, eos_token_id=1, bos_token_id=2, sliding_window=window,
+                                         **settings)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    return model
+
+
+def sampled_by_generate(model, rows, eos, seed: int, max_new_tokens: int = 10, temperature: float = 0.9):
+    """`generate`'s draws (multinomial, temperature only) for left-padded `rows` (pad 0), cut after the first EOS."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=(ids != 0).long(), do_sample=True, top_k=0, top_p=1.0,
+                             max_new_tokens=max_new_tokens, temperature=temperature, pad_token_id=0, eos_token_id=eos)
+    return [r[:next((i + 1 for i, t in enumerate(r) if t in eos), len(r))] for r in out[:, width:].tolist()]
+
+
+def scored_whole(model, rows, completions, temperature: float = 0.9) -> list[list[float]]:
+    """The tempered log-probs of each completion token in one forward over left-padded prompt + completion, right-
+    padded (TRL's scoring forward: the positions, masks and window over the whole sequence)."""
+    width, longest = max(len(r) for r in rows), max(len(c) for c in completions)
+    ids = torch.tensor([[0] * (width - len(r)) + r + c + [0] * (longest - len(c)) for r, c in zip(rows, completions)])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * (len(r) + len(c)) + [0] * (longest - len(c))
+                         for r, c in zip(rows, completions)])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, width - 1:-1].float() / temperature
+    logps = torch.log_softmax(logits, -1).gather(2, ids[:, width:, None]).squeeze(2)
+    return [logps[i, :len(c)].tolist() for i, c in enumerate(completions)]
+
+
+@pytest.mark.parametrize("family", SLIDING)
+def test_a_sliding_window_model_samples_what_generate_samples_past_its_window(family):
+    """Sliding-window layers (Gemma 3's 512 positions; 5 here) are held as plain cache layers, the window the model's
+    own mask's: prompts of 4-8 tokens and 10 new tokens reach past the window, and an fp32 copy still draws
+    `generate`'s tokens, with the log-probs a forward over the whole sequence gives (TRL's scoring). The window
+    matters here: without it `generate` draws other tokens."""
+    from transformers.cache_utils import StaticLayer
+
+    model = sliding_model(family, 5)
+    assert rollout.model_unsupported_reason(model) is None
+    g = torch.Generator().manual_seed(0)
+    prompts = [[2] + torch.randint(5, 300, (int(k),), generator=g).tolist() for k in (3, 7, 5)]
+    rows = [p for p in prompts for _ in range(2)]
+    engine = rollout.RolloutEngine(model, dtype=torch.float32, compile=False, max_new_tokens=10, temperature=0.9,
+                                   eos_token_ids=[299], pad_token_id=0, sampler="multinomial")
+    torch.manual_seed(3)
+    ours, logps = engine.generate(rows)
+    assert ours == sampled_by_generate(model, rows, [299], seed=3)
+    for got, want in zip(logps, scored_whole(model, rows, ours)):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=1e-4)
+    assert all(type(layer) is StaticLayer for layer in engine._cache.layers)
+    assert ours != sampled_by_generate(sliding_model(family, 10**4), rows, [299], seed=3)
+
+
+@pytest.mark.skipif(rollout.compiler_missing() is not None, reason=f"{rollout.compiler_missing()}")
+def test_the_compiled_step_of_a_sliding_window_model_samples_what_the_eager_step_samples():
+    """The window's mask inside the compiled step: past Gemma 3-like layers' window, the same draws."""
+    model = sliding_model("gemma3", 5)
+    settings = dict(dtype=torch.float32, max_new_tokens=10, temperature=0.9, eos_token_ids=[299], pad_token_id=0,
+                    sampler="multinomial")
+    eager = rollout.RolloutEngine(model, compile=False, **settings)
+    compiled = rollout.RolloutEngine(model, compile=True, **settings)
+    g = torch.Generator().manual_seed(1)
+    rows = [[2] + torch.randint(5, 300, (int(k),), generator=g).tolist() for k in (6, 2, 4, 8)]
+    assert_same_draws(eager, compiled, rows)
+
+
 def assert_same_draws(eager, compiled, rows, seed: int = 5) -> list[list[int]]:
     """Both engines, each from `seed`, draw the same tokens for `rows` with the same log-probs (to float rounding),
     the compiled one still compiled; returns the tokens."""

@@ -30,7 +30,7 @@ import torch
 from grpo_exp.base import log, stop
 from grpo_exp.base.cpu import compiler_missing
 from grpo_exp.config.speed import ROLLOUT_SAMPLERS
-from grpo_exp.evaluation.fast_decode import static_cache_unsupported
+from grpo_exp.evaluation.fast_decode import plain_cache, static_cache_unsupported
 from grpo_exp.kernels import attention, packed_linear, small_rows
 from grpo_exp.training import shared_prefix
 
@@ -49,7 +49,8 @@ def _cache_kwarg(model_type: type) -> str:
 def model_unsupported_reason(model) -> str | None:
     """Why the engine cannot decode this model (None when it can)."""
     # the engine applies the LM head itself, as shared-prefix scoring does: the same models qualify
-    return shared_prefix.unsupported_reason(model) or static_cache_unsupported(model.config)
+    return (shared_prefix.unsupported_reason(model) or attention.unsupported_reason(model)
+            or static_cache_unsupported(model.config))
 
 
 def rollout_copy(model: torch.nn.Module, dtype: torch.dtype, autocast: bool = False,
@@ -302,11 +303,10 @@ class RolloutEngine:
 
     def _static_cache(self, batch: int, max_len: int):
         """The decoding cache for this shape: made once, reset between rounds (same tensors for the compiled
-        step, so it is not recompiled)."""
-        from transformers import StaticCache
-
+        step, so it is not recompiled). A sliding-window layer is a plain one, the window the model's mask's
+        (fast_decode.plain_cache: each row's positions are contiguous, so exact at any length)."""
         if self._cache_key != (batch, max_len):
-            self._cache = StaticCache(config=self.model.config, max_cache_len=max_len)
+            self._cache = plain_cache(self.model.config, max_len)
             self._cache_key = (batch, max_len)
         return self._cache
 
@@ -322,8 +322,6 @@ class RolloutEngine:
 
     @torch.no_grad()
     def _generate(self, prompt_ids: list[list[int]], generator: torch.Generator | None):
-        from transformers import DynamicCache
-
         if self._released:
             raise RuntimeError("the rollout copy was released after its last round; sync(trainer) refills it")
         stop.check("generation")
@@ -345,7 +343,7 @@ class RolloutEngine:
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
         # Prefill each distinct prompt once, then give every completion of its group the same cache rows.
-        prefix_cache = DynamicCache(config=self.model.config)
+        prefix_cache = plain_cache(self.model.config)
         # one forward over every prompt, seconds in a first round (the packed kernels' first calls): a stop during
         # it raises at once, as the round is abandoned anyway
         with stop.urgent("generation"):
