@@ -148,6 +148,15 @@ def test_the_playground_and_uploads_are_bounded(server):
         assert big.status_code == 413, big.text
 
 
+@pytest.mark.slow
+def test_the_launch_api_needs_the_login(server):
+    with pytest.raises(Exception, match="credentials were not provided"):
+        gradio_client.Client(server.url, verbose=False).predict("model=tiny_random", api_name="/launch")
+    with pytest.raises(Exception, match="Could not login"):
+        gradio_client.Client(server.url, auth=(LOGIN[0], "wrong"), verbose=False)
+    assert not (server.outputs / "train").exists()
+
+
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)

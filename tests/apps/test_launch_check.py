@@ -227,11 +227,13 @@ def test_launch_starts_a_valid_list_and_one_run_at_a_time(tmp_path):
     assert list((outputs / "train" / "runs").iterdir()) == [run_dir]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a repeat of make test's cases (docstring)
 def test_the_launch_api_behind_a_login(tmp_path):
     """gradio_client against a running app with a login: without it no call gets through; with it every hostile
     list gets its one line and starts nothing, and a valid list starts a run (Hydra writes its config into the
-    directory returned), which the test then ends: the run to its end is the slow test above."""
+    directory returned), which the test then ends: the run to its end is the slow test above. make test-long's:
+    in make test, test_app_security.py checks the login (test_the_launch_api_needs_the_login), hostile lists and a
+    started run through the same API, and test_launch_refuses_each_hostile_list_with_one_line these lists."""
     pytest.importorskip("gradio_client", reason="the app extra (pip install -e '.[app]') brings gradio_client")
     from gradio_client import Client
 
