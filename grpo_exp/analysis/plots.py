@@ -185,6 +185,40 @@ def plot_curriculum(curriculum: dict, title: str, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
+def _mean_cells(rows: list[list[float | None]]) -> list[float | None]:
+    """Cell by cell, the mean of the values present (None where no record has one)."""
+    width = max(len(r) for r in rows)
+    cells = [[r[j] for r in rows if j < len(r) and r[j] is not None] for j in range(width)]
+    return [sum(c) / len(c) if c else None for c in cells]
+
+
+def _mean_of(curricula: list[dict], key: str) -> float | None:
+    values = [c.get(key) for c in curricula]
+    return sum(values) / len(values) if values and all(v is not None for v in values) else None
+
+
+def plot_curriculum_means(curricula: list[tuple[str, dict]], out_dir: Path) -> list[Path]:
+    """One accuracy-matrix heatmap per method (accuracy_matrix_<method>.png): each cell the mean over the method's
+    finished seeds of one stage list, the seeds named in the title; the base row where every seed scored it."""
+    by_method: dict[str, list[dict]] = {}
+    for label, cur in curricula:
+        by_method.setdefault(label, []).append(cur)
+    made = []
+    for label, curs in by_method.items():
+        same = [c for c in curs if c["stages"] == curs[0]["stages"] and len(c["matrix"]) == len(curs[0]["matrix"])]
+        mean = {"stages": same[0]["stages"], "row_labels": same[0].get("row_labels"),
+                "matrix": [_mean_cells([c["matrix"][i] for c in same]) for i in range(len(same[0]["matrix"]))],
+                "base": _mean_cells([c["base"] for c in same]) if all(c.get("base") for c in same) else None,
+                "average_accuracy": _mean_of(same, "average_accuracy"), "bwt": _mean_of(same, "bwt")}
+        seeds = ", ".join(str(c.get("seed")) for c in same)
+        slug = "".join(ch if ch.isalnum() else "_" for ch in label).strip("_").lower()
+        title = f"Accuracy matrix: {label}\nmean over {len(same)} seed{'s' * (len(same) != 1)} ({seeds})"
+        path = plot_curriculum(mean, title, out_dir / f"accuracy_matrix_{slug}.png")
+        if path:
+            made.append(path)
+    return made
+
+
 def plot_quantization(jobs: list[dict], out: Path) -> Path | None:
     """Accuracy (and speed, size when recorded) of evaluations with quantization none vs dynamic_int8."""
     by_method: dict[str, dict[str, list[dict]]] = {}

@@ -70,14 +70,16 @@ def write_page(dirs: list[str], page: str | Path, machine: str | None = None, al
     header = provenance.header(jobs, page_command(dirs, page, machine), machine)
     assets = page.with_suffix("")  # docs/results/<name>.md -> docs/results/<name>/
     assets.mkdir(parents=True, exist_ok=True)
-    for name in PLOTS:  # a plot the runs no longer make must not linger from an earlier page
-        (assets / name).unlink(missing_ok=True)
+    for name in [*PLOTS, *(p.name for p in assets.glob("accuracy_matrix_*.png"))]:  # nothing lingers from an
+        (assets / name).unlink(missing_ok=True)  # earlier page that the runs no longer make
     made = [plots.plot_learning_curve(jobs, labels, assets / "learning_curve.png"),
             plots.plot_reward_curves(jobs, labels, assets),
             # one line per method (the swept settings but the seed), over its seeds
             plots.plot_forgetting_kl(jobs, continual.method_labels(jobs, report.seed_labels(df)), assets),
             compute_curve.plot(jobs, report.seed_labels(df), assets / "compute_curve.png"),
-            forgetting_fit.plot(forgetting_fit.points(jobs, report.seed_labels(df)), assets / "forgetting_vs_kl.png")]
+            forgetting_fit.plot(forgetting_fit.points(jobs, report.seed_labels(df)), assets / "forgetting_vs_kl.png"),
+            # each method's accuracy matrix, the mean over its seeds
+            *plots.plot_curriculum_means(continual.curriculum_jobs(jobs, report.seed_labels(df)), assets)]
 
     done = int((df["status"] == "completed").sum())
     lines = [f"# Results: {page.stem}", "",

@@ -164,3 +164,21 @@ def test_forward_transfer_and_turnover_count_problems_that_change_hands():
     assert swapped == {"lost": 0.5, "gained": 0.5, "scored": 4}
     assert turnover([[[1, 0]]]) is None and forward_transfer([[0.5]], [0.1]) is None
     assert forward_transfer([[0.5, 0.3], [0.4, 0.9]], [0.1, 0.2]) == pytest.approx(0.1)
+
+
+def test_each_method_gets_one_accuracy_matrix_heatmap_of_its_seeds_means(tmp_path, monkeypatch):
+    from grpo_exp.analysis import plots
+
+    drawn = {}
+    real = plots.plot_curriculum
+    monkeypatch.setattr(plots, "plot_curriculum",
+                        lambda cur, title, path: drawn.setdefault(path.name, (cur, title)) and real(cur, title, path))
+    other = _curriculum(3, [[1, 1, 0, 0], [0, 0, 0, 0]], [[[1, 1, 1, 1], [1, 0, 0, 0]], [[1, 0, 0, 0], [1, 1, 1, 1]]])
+    made = plots.plot_curriculum_means([("plain GRPO", PLAIN[0]), ("plain GRPO", other), ("EWC lambda 10", KEEP[0])],
+                                       tmp_path)
+    assert sorted(p.name for p in made) == ["accuracy_matrix_ewc_lambda_10.png", "accuracy_matrix_plain_grpo.png"]
+    assert all(p.stat().st_size > 0 for p in made)
+    mean, title = drawn["accuracy_matrix_plain_grpo.png"]
+    assert mean["base"] == [0.375, 0.0]  # (1/4 + 2/4) / 2
+    assert mean["matrix"] == [[0.875, 0.25], [0.25, 1.0]]
+    assert "mean over 2 seeds (1, 3)" in title
