@@ -1,19 +1,27 @@
 """What a curriculum records (curriculum.json): the accuracy matrix's rows (every stage's held-out set scored
 after every stage, and the starting model's row `base`), with each row's per-problem correctness, so that
-gains are paired and an interrupted curriculum resumes with what it measured."""
+gains are paired and an interrupted curriculum resumes with what it measured. The base row is the same for every
+job of a sweep that starts from the same model on the same problems (the seeds of a ladder): a job takes it from a
+sibling that scored it (base_key: the code, the model, each stage's problems and decoding settings), as greedy
+decoding gives one model one answer per problem whatever else the job trains."""
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
+import logging
 from pathlib import Path
 
 from grpo_exp.base import dist
+from grpo_exp.base.commit import AT_START
 from grpo_exp.base.run_files import CURRICULUM_FILE
 from grpo_exp.base.text import markdown_table
 from grpo_exp.core import models
 from grpo_exp.evaluation.generate import evaluate
 from grpo_exp.evaluation.run import held_out_split
+
+logger = logging.getLogger(__name__)
 
 
 def format_table(stages: list[str], rows: list[tuple[str, list[float | None]]]) -> str:
@@ -55,11 +63,65 @@ def score_base(cfg, stage_cfgs: list, earlier: dict | None, result: dict) -> Non
         return
     if earlier and earlier.get("base") and earlier.get("correct", {}).get("base"):
         result["base"], result["correct"]["base"] = earlier["base"], earlier["correct"]["base"]
+        result["base_key"] = earlier.get("base_key")
+        return
+    key = base_key(cfg, stage_cfgs)
+    result["base_key"] = key
+    root = Path(cfg.paths.output_dir)
+    sibling = sibling_base(root, key)
+    if sibling is not None:
+        logger.info("curriculum: the base row is %s's (the same model, problems, settings and code)", sibling[0].name)
+        result["base"], result["correct"]["base"] = sibling[1]["base"], sibling[1]["correct"]["base"]
+        result["base_from"] = sibling[0].name
         return
     base = evaluate_dir(cfg.model, cfg.paths.cache_dir, cfg.init_from and str(cfg.init_from), stage_cfgs,
                          cfg.curriculum.eval_limit, cfg.curriculum.eval_batch_size, cfg.train.seed)
     result["base"] = [m["accuracy"] for m, _ in base]
     result["correct"]["base"] = [bits for _, bits in base]
+
+
+def base_key(cfg, stage_cfgs: list) -> str | None:
+    """A hash of what the base row depends on: the code (its commit, None outside a checkout or with uncommitted
+    changes: no reuse), the start model (its option, or the directory it is loaded from with its files' sizes and
+    times; the seed only for a randomly initialised one), the packages' versions, and each stage's scored problems
+    and decoding settings."""
+    if AT_START is None or "uncommitted" in AT_START:
+        return None
+    import torch
+    import transformers
+    from omegaconf import OmegaConf
+
+    limit = cfg.curriculum.eval_limit
+    if cfg.init_from:
+        start = Path(cfg.init_from).resolve()
+        model = {"dir": str(start), "files": sorted([p.name, p.stat().st_size, p.stat().st_mtime_ns]
+                                                    for p in start.iterdir() if p.is_file())}
+    else:
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        if cfg.model.source == "tiny_random":
+            model["seed"] = cfg.train.seed
+    sets = [{"problems": held_out_split(c.stage, c.eval.split, limit, c.train.seed)[:limit],
+             "tokens": c.train.max_completion_length, "system_prompt": c.reward.system_prompt,
+             "decode": c.eval.get("decode", "auto")} for c in stage_cfgs]
+    record = {"code": AT_START, "torch": torch.__version__, "transformers": transformers.__version__,
+              "model": model, "sets": sets, "batch_size": cfg.curriculum.eval_batch_size}
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def sibling_base(root: Path, key: str | None) -> tuple[Path, dict] | None:
+    """(job directory, curriculum.json) of another job of the sweep whose base row has `key`, if any."""
+    if key is None:
+        return None
+    for path in sorted(root.parent.glob(f"*/{CURRICULUM_FILE}")):
+        if path.parent.resolve() == root.resolve():
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):  # another job writing it: scored here instead
+            continue
+        if record.get("base_key") == key and record.get("base") and (record.get("correct") or {}).get("base"):
+            return path.parent, record
+    return None
 
 
 def earlier_result(root: Path, stages: list[str]) -> dict | None:
