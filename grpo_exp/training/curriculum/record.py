@@ -70,7 +70,8 @@ def score_base(cfg, stage_cfgs: list, earlier: dict | None, result: dict) -> Non
     root = Path(cfg.paths.output_dir)
     sibling = sibling_base(root, key)
     if sibling is not None:
-        logger.info("curriculum: the base row is %s's (the same model, problems, settings and code)", sibling[0].name)
+        logger.info("curriculum: base row taken from the sweep's job %s (the same model, problems, settings and code)",
+                    sibling[0].name)
         result["base"], result["correct"]["base"] = sibling[1]["base"], sibling[1]["correct"]["base"]
         result["base_from"] = sibling[0].name
         return
