@@ -93,3 +93,17 @@ def test_stage_overrides_on_the_command_line(tmp_path):
     cfg = compose_cfg(["curriculum=progressive", "logger=none",
                        "+curriculum.stage_overrides.intermediate=['train.dynamic_sampling=true']"], tmp_path)
     assert list(cfg.curriculum.stage_overrides["intermediate"]) == ["train.dynamic_sampling=true"]
+
+
+def test_an_eval_limit_past_a_stages_held_out_split_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    """The matrix scores curriculum.eval_limit problems of every stage after every stage: a stage whose split holds
+    fewer (the smoke stages hold 8) is refused in one line naming it, before the base row loads the model."""
+    from grpo_exp.core import models
+    from grpo_exp.training.curriculum.sequential import run_curriculum
+    from tests.conftest import compose_cfg
+
+    monkeypatch.setattr(models, "load", lambda *a, **k: pytest.fail("a model loaded before the check"))
+    user = ["model=tiny_random", "debug=smoke", "curriculum=progressive", "logger=none"]
+    with pytest.raises(ConfigError, match=r"curriculum\.eval_limit=200") as err:
+        run_curriculum(compose_cfg(user, tmp_path), user)
+    assert "'basic' holds 8 test problems" in str(err.value) and "\n" not in str(err.value)

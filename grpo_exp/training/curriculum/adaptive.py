@@ -22,7 +22,7 @@ from grpo_exp.config.checks import validate
 from grpo_exp.evaluation.continual import format_gains, paired_gain
 from grpo_exp.training.curriculum.overrides import compose_stage, stage_overrides
 from grpo_exp.training.curriculum import record
-from grpo_exp.training.curriculum.record import earlier_result, format_table, new_result, score_base
+from grpo_exp.training.curriculum.record import check_eval_sets, earlier_result, format_table, new_result, score_base
 from grpo_exp.training.run_dir import finished_metrics
 from grpo_exp.training.stage import train
 
@@ -67,6 +67,7 @@ def run_adaptive(cfg, user_overrides: list[str]) -> dict:
         validate(stage_cfg)
     run_cfg = adaptive_config(cfg, stage_cfgs)
     validate(run_cfg)  # the summed budget and the adaptive settings, as the run trains them
+    check_eval_sets(cfg, stage_cfgs)
     cpu.apply(cfg.cpu)  # before the base evaluation: oversubscribed threads spin and crawl
 
     result = {**new_result(cfg, stages), "row_labels": [ROW], "band": list(cfg.curriculum.band)}

@@ -49,6 +49,13 @@ def evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list, 
     return results
 
 
+def check_eval_sets(cfg, stage_cfgs: list) -> None:
+    """Every stage's held-out split holds curriculum.eval_limit problems: a one-line ConfigError naming the stage,
+    both numbers and the setting, before any model loads (the matrix scores that many after every stage)."""
+    for c in stage_cfgs:
+        held_out_split(c.stage, c.eval.split, cfg.curriculum.eval_limit, c.train.seed, key="curriculum.eval_limit")
+
+
 def new_result(cfg, stages: list[str]) -> dict:
     return {"stages": stages, "mode": cfg.curriculum.mode, "method": cfg.train.get("method", "grpo"),
             "ewc_lambda": cfg.ewc["lambda"], "ewc_fisher": cfg.ewc.get("fisher", "sampled"), "model": cfg.model.name,

@@ -22,7 +22,7 @@ from grpo_exp.base.run_files import CURRICULUM_EVAL_FILE, CURRICULUM_FILE
 from grpo_exp.evaluation.continual import format_gains, forward_transfer, stage_gains, transfer_metrics, turnover
 from grpo_exp.training.curriculum import branch, record
 from grpo_exp.training.curriculum.overrides import check_stages, compose_stage, stage_overrides
-from grpo_exp.training.curriculum.record import earlier_result, fmt, format_table, new_result, score_base
+from grpo_exp.training.curriculum.record import check_eval_sets, earlier_result, fmt, format_table, new_result, score_base
 from grpo_exp.training.run_dir import finished_metrics
 from grpo_exp.training.stage import train
 
@@ -52,6 +52,7 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
     limit, batch = cfg.curriculum.eval_limit, cfg.curriculum.eval_batch_size
     stage_cfgs = [_stage_config(cfg, user_overrides, stages, i, root) for i in range(len(stages))]
     check_stages(stage_cfgs, root)
+    check_eval_sets(cfg, stage_cfgs)
     cpu.apply(cfg.cpu)  # before the base evaluation: oversubscribed threads spin and crawl
 
     result = new_result(cfg, stages)
