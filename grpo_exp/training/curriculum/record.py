@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from grpo_exp.base import dist
-from grpo_exp.base.commit import AT_START
+from grpo_exp.base.commit import AT_START, is_dirty
 from grpo_exp.base.run_files import CURRICULUM_FILE
 from grpo_exp.base.text import markdown_table
 from grpo_exp.core import models
@@ -93,7 +93,7 @@ def base_key(cfg, stage_cfgs: list) -> str | None:
     changes: no reuse), the start model (its option, or the directory it is loaded from with its files' sizes and
     times; the seed only for a randomly initialised one), the packages' versions, and each stage's scored problems
     and decoding settings."""
-    if AT_START is None or "uncommitted" in AT_START:
+    if AT_START is None or is_dirty(AT_START):
         return None
     import torch
     import transformers
