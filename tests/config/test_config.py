@@ -188,6 +188,26 @@ def test_ewc_lambda_experiment_is_the_ladder_scored_on_validation(tmp_path):
             assert job[group] == ran[group], group
 
 
+def test_long_ladder_grpo_is_the_long_ladder_without_ewc_branching_from_its_seed(tmp_path):
+    # the page pairs the two ladders seed by seed: the plain one must differ in lambda alone, live in the EWC ladder's
+    # sweep directory (one page, one base row) and take each seed's first stage from that seed's EWC job
+    ewc_ladder = compose_cfg(["experiment=long_ladder", "train.seed=1"], tmp_path)
+    plain = compose_cfg(["experiment=long_ladder_grpo", "train.seed=1"], tmp_path)
+    assert plain.ewc["lambda"] == 0 and ewc_ladder.ewc["lambda"] > 0
+    plain.ewc["lambda"] = ewc_ladder.ewc["lambda"]
+    for group in ("stage", "train", "eval", "ewc", "reward", "model"):
+        assert plain[group] == ewc_ladder[group], group
+    branch = OmegaConf.to_container(plain.curriculum)
+    assert branch.pop("branch_from") == "${hydra:sweep.dir}/seed${train.seed}"
+    assert branch.pop("branch_from_missing") == "train"
+    assert branch == {k: v for k, v in OmegaConf.to_container(ewc_ladder.curriculum).items()
+                      if k not in ("branch_from", "branch_from_missing")}
+    sweeps = [OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml").hydra.sweep)
+              for name in ("long_ladder", "long_ladder_grpo")]
+    assert sweeps == [{"dir": "outputs/${task_name}/multiruns/long_ladder", "subdir": "seed${train.seed}"},
+                      {"subdir": "seed${train.seed}_grpo"}]
+
+
 def test_replay_share_experiment_is_plain_grpo_on_the_validation_ladder(tmp_path):
     # docs/results/superseded/replay-share.md is read beside experiment=ewc_lambda's lambda-0 job: each share must be that
     # job with replay alone changed
