@@ -50,8 +50,10 @@ def _adaptive(cur: dict) -> bool:
 
 
 PLAIN = "plain GRPO"
-# the variant-label parts that method_label says in words (report.variant_labels: "key=value, ...")
-_METHOD_KEYS = ("ewc.lambda=", "curriculum.replay=", "train.method=", "ewc.fisher=")
+# the variant-label parts that method_label says in words (report.variant_labels: "key=value, ..."); `method=` is the
+# conf/method option, which sets only these
+_METHOD_KEYS = ("ewc.lambda=", "curriculum.replay=", "train.method=", "ewc.fisher=", "method=",
+                "curriculum.match_accuracy_of=")
 
 
 def method_label(cur: dict, variant: str) -> str:
@@ -67,6 +69,8 @@ def method_label(cur: dict, variant: str) -> str:
     method = " + ".join([*(["SFT"] if sft else []), *([f"{pull} lambda {lam:g}"] if lam else []),
                          *([f"replay {replay:g}"] if replay else [])])
     method = (method or PLAIN) + (" (adaptive curriculum)" if _adaptive(cur) else "")
+    if cur.get("match_accuracy_of"):  # each stage stopped at another run's validation accuracy (curriculum/match.py)
+        method += ", stopped at matched accuracy"
     rest = [p for p in variant.split(", ")
             if not p.startswith(_METHOD_KEYS) and p != DEFAULTS and not (_adaptive(cur) and p == "curriculum=adaptive")]
     return ", ".join([method, *rest])

@@ -68,6 +68,8 @@ NOT_OFFERED = {
                                   "as its own override, or set stage_overrides on the command line",
     "curriculum.branch_from": "branching takes another run's directory, wherever it is; branch on the command line",
     "curriculum.branch_from_missing": "it only matters with curriculum.branch_from, which the app does not offer",
+    "curriculum.match_accuracy_of": "matching reads another run's directory, wherever it is; match on the command "
+                                    "line",
 }
 OFFLINE_MODES = ("offline", "disabled")  # logger.mode: what the app offers (online sends the run to a server)
 NAME = re.compile(r"[A-Za-z0-9_.+-]*")

@@ -28,6 +28,9 @@ def validate(cfg: Any) -> None:
     _check_init_split(cfg)
     _check_adaptive(cfg)
     _check_sft(cfg)
+    if cfg.train.get("stop_at_accuracy") is not None and not ev.every_steps:
+        raise ConfigError(f"train.stop_at_accuracy={cfg.train.stop_at_accuracy} stops at a periodic validation "
+                          f"evaluation, every eval.every_steps, which is off (null); set eval.every_steps=<N>")
     if ev.forgetting_sets and not ev.every_steps:
         raise ConfigError(f"eval.forgetting_sets={list(ev.forgetting_sets)} is measured every eval.every_steps, "
                           f"which is off (null); set eval.every_steps=<N>")

@@ -67,6 +67,10 @@ class CurriculumConfig:
     # where branch_from has nothing to share yet (no curriculum.json, no finished stage trained as this run's, or it
     # is this run's own directory): error, or train every stage (a sweep whose first job per seed is the source)
     branch_from_missing: str = "error"
+    # sequential: another run of these stages (its directory) whose accuracy each stage is matched to: a stage ends at
+    # its first periodic validation evaluation that reaches that run's last one there (train.stop_at_accuracy,
+    # training/curriculum/match.py), e.g. the continual study's SFT job matched to plain GRPO on the same seed
+    match_accuracy_of: Optional[str] = None
     # sequential: a stage's own recipe, as overrides applied to that stage only, after the command line's, e.g.
     # {two_step: ["train.dynamic_sampling=true"]}: the ladder's per-stage settings, which stage=<name> alone keeps
     stage_overrides: Dict[str, List[str]] = field(default_factory=dict)
@@ -112,6 +116,11 @@ class CurriculumConfig:
                     f"curriculum from another run, but this run has curriculum.mode={curriculum.mode} and "
                     f"curriculum.stages={list(curriculum.stages)}; use it with curriculum=progressive (two or more "
                     f"stages), or drop it")
+        if curriculum.get("match_accuracy_of"):
+            require(curriculum.mode == "sequential" and len(curriculum.stages) >= 1,
+                    f"curriculum.match_accuracy_of={curriculum.match_accuracy_of} ends each stage of a sequential "
+                    f"curriculum at another run's accuracy there, but this run has curriculum.mode={curriculum.mode} "
+                    f"and curriculum.stages={list(curriculum.stages)}; use it with curriculum=progressive, or drop it")
         CurriculumConfig._check_stage_overrides(curriculum)
         band = list(curriculum.band)
         require(len(band) == 2, f"curriculum.band={band} must be two pass rates [low, high] in [0, 1]")

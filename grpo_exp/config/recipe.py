@@ -67,6 +67,10 @@ class TrainConfig:
     # grpo: TRL's GRPOTrainer; sft: TRL's SFTTrainer on the stage's worked solutions at the same optimizer settings
     # (training/sft.py: the continual-learning study's supervised arm)
     method: str = "grpo"
+    # stop the stage at the first periodic validation evaluation (eval.every_steps, on the first eval.every_limit
+    # validation problems) whose greedy accuracy reaches this, train.max_steps at most; null trains every step.
+    # The continual study's SFT run matched to GRPO's accuracy (curriculum.match_accuracy_of) sets it per stage
+    stop_at_accuracy: Optional[float] = None
     # Any other GRPOConfig field, passed through after a name check
     extra: Any = field(default_factory=dict)
 
@@ -97,6 +101,9 @@ class TrainConfig:
                 f"generation rounds a step may draw; train.dynamic_sampling=false turns dynamic sampling off)")
         require_choice("train.precision", train.precision, PRECISIONS)
         require_choice("train.method", train.get("method", "grpo"), TrainConfig.METHODS)
+        target = train.get("stop_at_accuracy")
+        require(target is None or (math.isfinite(target) and 0 <= target <= 1),
+                f"train.stop_at_accuracy={target!r} must be an accuracy in [0, 1], or null (train every step)")
         require_choice("train.loss_type", train.loss_type, TrainConfig.LOSS_TYPES)
         require_choice("train.scale_rewards", train.scale_rewards, TrainConfig.REWARD_SCALINGS)
         gen_batch, _ = generation_batch(train)

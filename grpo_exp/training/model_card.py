@@ -114,6 +114,11 @@ def card_text(cfg, run_dir: str | Path, *, adapter: bool = False, steps: int | N
     trained = f"{steps} steps" if steps is not None else f"{cfg.train.max_steps} steps"
     if status != "completed":
         trained += f", {status} before the planned {cfg.train.max_steps}"
+    elif cfg.train.get("stop_at_accuracy") is not None:  # training/periodic_eval.py ends it on validation
+        trained += (f" of at most {cfg.train.max_steps}: training ends at the first periodic validation evaluation "
+                    f"whose greedy accuracy reaches {cfg.train.stop_at_accuracy:g} (train.stop_at_accuracy; in a "
+                    f"curriculum matched to another run, that run's accuracy on the stage; metrics.json's "
+                    f"stop_at_accuracy says whether it did)")
     what = "A LoRA adapter for" if adapter else "A fine-tune of"
     how = ("supervised fine-tuning on worked solutions (TRL's SFTTrainer)" if cfg.train.get("method", "grpo") == "sft"
            else "GRPO")

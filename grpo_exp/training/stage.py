@@ -193,6 +193,7 @@ class StageRun:
         self.plan = plan  # the resolved speed plan (config/speed.py)
         self.stopper = GracefulStop()  # a stop request at a step's end (the signals are base/stop.py's)
         self.pace_key: str | None = None  # this run's shape on this machine (training/pace.py), once built
+        self.held_out = None  # the periodic validation evaluation's callback (training/periodic_eval.py), if any
 
     def build(self, tracker, run_state):
         report_to = [tracker.report_to] if tracker is not None else []  # "wandb" or "trackio"
@@ -211,7 +212,8 @@ class StageRun:
         if cfg.eval.every_steps and main:
             from grpo_exp.training.periodic_eval import held_out_callback
 
-            trainer.add_callback(held_out_callback(cfg, trainer.pending_logs))
+            self.held_out = held_out_callback(cfg, trainer.pending_logs)
+            trainer.add_callback(self.held_out)
         if cfg.eval.forgetting_sets and main:
             from grpo_exp.training.forgetting import forgetting_callback
 
@@ -248,9 +250,10 @@ class StageRun:
             raise
 
     def _train(self, trainer, resume_from: Path | None) -> None:
-        if resume_from is not None and checkpoints.checkpoint_step(resume_from) >= self.cfg.train.max_steps:
-            # killed after its last step: HF's loop would run one step more than max_steps, so only
-            # the checkpoint's weights and state are taken
+        # killed after its last step (HF's loop would run one step more than max_steps), or after the step at which
+        # train.stop_at_accuracy ended it: only the checkpoint's weights and state are taken
+        if resume_from is not None and (checkpoints.checkpoint_step(resume_from) >= self.cfg.train.max_steps
+                                        or self._reached_by(checkpoints.checkpoint_step(resume_from))):
             from transformers import TrainerState
 
             trainer._load_from_checkpoint(str(resume_from))
@@ -264,6 +267,30 @@ class StageRun:
         return run_directory.stage_metrics(self.cfg, self.parts, trainer, self.monitor, started=self.started,
                                           threads=threads, resume_from=resume_from, status=status)
 
+    def _reached_by(self, step: int) -> bool:
+        """Whether a periodic evaluation at `step` (where a resumed stage's checkpoint is) reached
+        train.stop_at_accuracy: the stage ended there (history.jsonl holds the row), as the callback records it."""
+        target, key = self.cfg.train.get("stop_at_accuracy"), f"eval/{self.cfg.stage.name}/accuracy"
+        if target is None or self.held_out is None:
+            return False
+        rows = [r for r in read_jsonl(self.run_dir / HISTORY_FILE)
+                if r.get("step") == step and key in r and r[key] >= target]
+        if rows:
+            self.held_out.reached = {"target": target, "step": step, "accuracy": rows[-1][key],
+                                     "n": rows[-1].get(f"eval/{self.cfg.stage.name}/n")}
+        return bool(rows)
+
+    def _stop_record(self, trainer) -> dict:
+        """Where train.stop_at_accuracy ended the stage ({"target", "step", "accuracy", "n", "reached"}), or that it
+        trained every step without reaching it (the last periodic evaluation's accuracy)."""
+        target = self.cfg.train.stop_at_accuracy
+        reached = self.held_out.reached if self.held_out is not None else None
+        if reached is not None:
+            return {**reached, "reached": True}
+        last = [row for row in read_jsonl(self.run_dir / HISTORY_FILE) if f"eval/{self.cfg.stage.name}/accuracy" in row]
+        accuracy = last[-1][f"eval/{self.cfg.stage.name}/accuracy"] if last else None
+        return {"target": target, "step": trainer.state.global_step, "accuracy": accuracy, "reached": False}
+
     def _save_and_evaluate(self, trainer, resume_from: Path | None, threads) -> dict:
         """A trained stage's model/ (or adapter/ and the merged model/), EWC state, evaluation, cards, hub push and
         metrics.json, written last."""
@@ -276,6 +303,8 @@ class StageRun:
         elif main:
             save_model_dir(policy, parts.tokenizer, run_dir / MODEL_DIR)
         metrics = self._metrics(trainer, resume_from, threads, status="completed")
+        if cfg.train.get("stop_at_accuracy") is not None and main:
+            metrics["stop_at_accuracy"] = self._stop_record(trainer)
         if cfg.ewc["lambda"] > 0:  # with an adapter: over the adapter's parameters, the only ones that train
             metrics.update(ewc.consolidate_fisher(cfg, policy, parts.tokenizer, parts.train_examples,
                                                   parts.ewc_state, run_dir)[1])

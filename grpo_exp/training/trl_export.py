@@ -273,6 +273,10 @@ def cannot_express(export: Export) -> list[str]:
         lines.append(f"dynamic sampling: the run refilled groups whose completions were all right or all wrong from "
                      f"extra generation rounds (DAPO's filter_groups, train.dynamic_sampling, at most "
                      f"{train.dynamic_sampling_max_draws} extra rounds a step); TRL's GRPOTrainer has no such option")
+    if train.get("stop_at_accuracy") is not None:
+        lines.append(f"early stop: the run ended at the first periodic validation evaluation whose accuracy reached "
+                     f"{train.stop_at_accuracy:g} (train.stop_at_accuracy), train.max_steps at most; TRL stops at "
+                     f"max_steps: set max_steps to the step in metrics.json's stop_at_accuracy")
     mixed = trained_on(cfg)
     if cfg.curriculum.mode == "adaptive":
         lines.append(f"training data: {mixed}; TRL samples a fixed dataset: a dataset of these stages' prompts is the "

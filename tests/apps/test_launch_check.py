@@ -61,6 +61,7 @@ MORE = [
     ("+train.extra={output_dir:/tmp/x}", "train.extra passes settings to TRL unchecked"),
     ("curriculum.stage_overrides={}", "a stage's own overrides reach the stage unchecked"),
     ("curriculum.branch_from=/tmp/other", "branching takes another run's directory"),
+    ("curriculum.match_accuracy_of=..", "matching reads another run's directory"),
     ("method=ewc", "the group method is not offered"),
     ("task_name=evaluate", "task_name names the entrypoint"),
     ("train.seed=${oc.env:HOME}", "interpolations (${...}, escaped or not) are not accepted"),

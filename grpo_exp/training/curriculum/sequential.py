@@ -20,7 +20,7 @@ from grpo_exp.base import cpu, dist, log
 from grpo_exp.base.io import write_json
 from grpo_exp.base.run_files import CURRICULUM_EVAL_FILE, CURRICULUM_FILE
 from grpo_exp.evaluation.continual import format_gains, forward_transfer, stage_gains, transfer_metrics, turnover
-from grpo_exp.training.curriculum import branch, record
+from grpo_exp.training.curriculum import branch, match, record
 from grpo_exp.training.curriculum.overrides import check_stages, compose_stage, stage_overrides
 from grpo_exp.training.curriculum.record import check_eval_sets, earlier_result, fmt, format_table, new_result, score_base
 from grpo_exp.training.run_dir import finished_metrics
@@ -57,6 +57,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
 
     result = new_result(cfg, stages)
     result["replay"] = cfg.curriculum.replay
+    if cfg.curriculum.get("match_accuracy_of"):
+        result["match_accuracy_of"] = str(cfg.curriculum.match_accuracy_of)
     earlier = earlier_result(root, stages) if cfg.resume else None
     if earlier:
         _check_kept_settings(cfg, earlier, stage_cfgs, root, stages)
@@ -96,7 +98,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         result["correct"]["rows"].append([bits for _, bits in scored])
         result["stage_metrics"].append({"stage": stage, "dir": str(out_dir), "reward_mean_first": metrics["reward_mean_first"],
                                         "reward_mean_last": metrics["reward_mean_last"], "steps": metrics["steps"],
-                                        "eval": evals})
+                                        "eval": evals, **({"stop_at_accuracy": metrics["stop_at_accuracy"]}
+                                                          if "stop_at_accuracy" in metrics else {})})
         write_json(out_dir / CURRICULUM_EVAL_FILE, {"sets": {s: m for s, m in zip(stages, evals)}})
         write_json(root / CURRICULUM_FILE, result)  # kept current so a killed run leaves what it measured
 
@@ -143,9 +146,12 @@ def _stage_config(cfg, user_overrides: list[str], stages: list[str], i: int, roo
     tracked = stages[:i] if cfg.curriculum.track_forgetting and cfg.eval.every_steps else None
     push = bool(cfg.get("push_to_hub")) and i == len(stages) - 1
     replayed = stages[:i] if cfg.curriculum.replay > 0 else None
+    own = list(cfg.curriculum.stage_overrides.get(stages[i]) or [])
+    target = match.stage_target(cfg, stages, i)  # curriculum.match_accuracy_of: that run's accuracy on this stage
+    if target is not None:
+        own.append(f"train.stop_at_accuracy={target!r}")
     return compose_stage(stage_overrides(user_overrides, stages[i], branch.stage_dir(root, i, stages[i]), previous,
-                                         bool(cfg.resume), tracked, push, cfg.curriculum.replay, replayed,
-                                         list(cfg.curriculum.stage_overrides.get(stages[i]) or [])))
+                                         bool(cfg.resume), tracked, push, cfg.curriculum.replay, replayed, own))
 
 
 def _branch(cfg, stage_cfgs: list, root: Path, stages: list[str], result: dict) -> dict | None:
