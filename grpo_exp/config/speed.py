@@ -8,8 +8,8 @@ the trainer and the rollout engine all read that one plan, so what is recorded i
 Speed changes how fast a run computes, never the GRPO recipe (train.*). `speed=trl` is plain TRL's path:
 TRL's `generate`, sdpa attention, TRL's log-prob kernel, none of grpo-exp's kernels. `speed.generation=vllm` is
 TRL's vLLM in colocate mode (one vLLM engine in each training process, on its GPU), which needs CUDA and the vllm
-package: an explicit `vllm` without them fails here in one line, before any model loads, and `auto` takes it only
-where both are.
+package: an explicit `vllm` without them fails here in one line, before any model loads. `auto` does not take it
+(TRL's `generate` on CUDA) until its GPU test has passed (VLLM_AUTO below).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class SpeedConfig:
     name: str = "auto"
     # who samples the completions: engine (training/rollout: a rollout copy of the policy, static KV cache, compiled
     # decoding step), trl (TRL's `generate`), vllm (TRL's vLLM, colocated: CUDA and the vllm package), auto (the
-    # engine on a CPU, vllm on CUDA where vllm is installed, else trl)
+    # engine on a CPU, trl on CUDA; vllm once its GPU test has passed: VLLM_AUTO)
     generation: str = "auto"
     # the trained policy's attention: grouped (kernels/attention.py), sdpa or eager (transformers'), auto (grouped
     # on a CPU, sdpa on CUDA)
