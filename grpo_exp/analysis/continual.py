@@ -24,6 +24,7 @@ from grpo_exp.base.run_files import STATUS_FILE
 from grpo_exp.analysis.seed_summary import DEFAULTS
 from grpo_exp.evaluation import seed_stats
 from grpo_exp.evaluation.continual import forward_transfer, paired_gain, stage_pair, turnover
+from grpo_exp.evaluation.stats import mean_interval
 
 
 def curriculum_jobs(jobs: list[dict], labels: list[str]) -> list[tuple[str, dict]]:
@@ -116,8 +117,35 @@ def _seed_pair(pairs: list[tuple[list[int], list[int]]]) -> dict:
 
 
 def _spread(values: list[float]) -> str:
-    mean = statistics.fmean(values)
-    return f"{mean:.3f}" + (f" ({min(values):.3f}..{max(values):.3f})" if len(values) > 1 else "")
+    """The mean over seeds with its 95% t interval over seeds (each seed one draw of training)."""
+    mean, interval = statistics.fmean(values), mean_interval(values)
+    return f"{mean:.3f}" + (f" [t {interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+
+
+def by_method(jobs: list[dict], labels: list[str]) -> dict[str, list[dict]]:
+    """Each method's finished curriculum records (curriculum.json), one per seed, in sweep order."""
+    out: dict[str, list[dict]] = {}
+    for label, cur in curriculum_jobs(jobs, labels):
+        out.setdefault(label, []).append(cur)
+    return out
+
+
+# the continual-learning metrics, each one value per seed (seed_metrics)
+METRICS = ("average accuracy", "BWT", "FWT", "max forgetting", "earlier solved, lost", "earlier unsolved, gained")
+
+
+def seed_metrics(curs: list[dict]) -> dict[str, list[float]]:
+    """Per metric of METRICS that every seed's record has, its value on each seed: average accuracy, BWT, FWT,
+    maximum forgetting, and the correct-set turnover (the earlier stages' problems lost and gained; not for an
+    adaptive curriculum, which has no order)."""
+    values = {"average accuracy": [c.get("average_accuracy") for c in curs], "BWT": [c.get("bwt") for c in curs],
+              "FWT": [forward_transfer(c["matrix"], c.get("base")) for c in curs],
+              "max forgetting": [c.get("forgetting_max") for c in curs]}
+    turns = [turnover(c["correct"]["rows"]) for c in curs]
+    if not _adaptive(curs[0]):
+        values["earlier solved, lost"] = [t and t["lost"] for t in turns]
+        values["earlier unsolved, gained"] = [t and t["gained"] for t in turns]
+    return {k: v for k, v in values.items() if v and all(x is not None for x in v)}
 
 
 def _gain_cell(g: dict) -> str:
@@ -135,11 +163,8 @@ def _stage_pairs(cur: dict, i: int) -> tuple[list[int], list[int]] | None:
 
 def continual_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
     """One row per method; empty when no job is a curriculum run with per-problem results."""
-    by_method: dict[str, list[dict]] = {}
-    for label, cur in curriculum_jobs(jobs, labels):
-        by_method.setdefault(label, []).append(cur)
     rows = []
-    for method, curs in by_method.items():
+    for method, curs in by_method(jobs, labels).items():
         stages = curs[0]["stages"]
         row = {"method": method, "seeds": " ".join(str(c.get("seed")) for c in curs)}
         for j, stage in enumerate(stages):
@@ -149,16 +174,12 @@ def continual_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
             gain = _seed_pair(pairs) if pairs else None
             row[f"{stage} gain"] = _gain_cell(gain) if gain else ""
             row[f"{stage} gain, pooled"] = seed_stats.pooled_cell(gain) if gain else ""
-        row["average accuracy"] = _spread([c["average_accuracy"] for c in curs])
-        row["BWT"] = _spread([c["bwt"] for c in curs]) if all(c.get("bwt") is not None for c in curs) else ""
-        row["max forgetting"] = (_spread([c["forgetting_max"] for c in curs])
-                                 if all(c.get("forgetting_max") is not None for c in curs) else "")
-        fwt = [forward_transfer(c["matrix"], c.get("base")) for c in curs]
-        row["FWT"] = _spread(fwt) if fwt and all(f is not None for f in fwt) else ""
-        turns = [turnover(c["correct"]["rows"]) for c in curs]
-        if turns and all(t is not None for t in turns) and not _adaptive(curs[0]):
-            row["earlier solved, lost"] = _spread([t["lost"] for t in turns])
-            row["earlier unsolved, gained"] = _spread([t["gained"] for t in turns])
+        values = seed_metrics(curs)
+        for metric in ("average accuracy", "BWT", "max forgetting", "FWT"):
+            row[metric] = _spread(values[metric]) if metric in values else ""
+        for metric in ("earlier solved, lost", "earlier unsolved, gained"):
+            if metric in values:
+                row[metric] = _spread(values[metric])
         rows.append(row)
     return pd.DataFrame(rows)
 

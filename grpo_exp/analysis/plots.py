@@ -219,6 +219,41 @@ def plot_curriculum_means(curricula: list[tuple[str, dict]], out_dir: Path) -> l
     return made
 
 
+def plot_continual_metrics(values: dict[str, dict[str, list[float]]], path: Path) -> Path | None:
+    """continual_metrics.png: one panel per continual-learning metric, one row per method, each seed a dot and the
+    mean over seeds a bar with its 95% t interval over seeds. `values`: method -> metric -> one value per seed
+    (analysis/continual.seed_metrics)."""
+    from grpo_exp.evaluation.stats import mean_interval
+
+    metrics = list(dict.fromkeys(m for per_method in values.values() for m in per_method))
+    if not metrics:
+        return None
+    plt = _plt()
+    methods = list(values)
+    cols = min(3, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 0.5 * len(methods) * rows + 1.6 * rows), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        for y, method in enumerate(methods):
+            seeds = values[method].get(metric)
+            if not seeds:
+                continue
+            ax.scatter(seeds, [y] * len(seeds), s=14, color="0.6", zorder=2)
+            mean, interval = statistics.fmean(seeds), mean_interval(seeds)
+            if interval:
+                ax.plot(interval, [y, y], color="black", linewidth=1.5, zorder=3)
+            ax.scatter([mean], [y], s=40, color="black", marker="|" if interval else "o", zorder=4)
+        ax.axvline(0, color="0.85", linewidth=0.8, zorder=1)
+        ax.set_yticks(range(len(methods)), methods if ax in axes[:, 0] else [""] * len(methods), fontsize=8)
+        ax.set_ylim(-0.6, len(methods) - 0.4)
+        ax.invert_yaxis()
+        ax.set_title(metric, fontsize=10)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.set_visible(False)
+    fig.suptitle("Continual-learning metrics: seeds (grey), mean and 95% t interval over seeds (black)", fontsize=10)
+    return _save(plt, fig, path)
+
+
 def plot_quantization(jobs: list[dict], out: Path) -> Path | None:
     """Accuracy (and speed, size when recorded) of evaluations with quantization none vs dynamic_int8."""
     by_method: dict[str, dict[str, list[dict]]] = {}

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from grpo_exp.analysis import compute_curve, continual, forgetting_fit, plots, provenance, report
 
-PLOTS = ("learning_curve.png", "reward_curves.png", "forgetting_kl.png", "compute_curve.png", "forgetting_vs_kl.png")
+PLOTS = ("learning_curve.png", "reward_curves.png", "forgetting_kl.png", "compute_curve.png", "forgetting_vs_kl.png",
+         "continual_metrics.png")
 
 
 def report_command(dirs: list[str], *options: str) -> str:
@@ -79,7 +80,11 @@ def write_page(dirs: list[str], page: str | Path, machine: str | None = None, al
             compute_curve.plot(jobs, report.seed_labels(df), assets / "compute_curve.png"),
             forgetting_fit.plot(forgetting_fit.points(jobs, report.seed_labels(df)), assets / "forgetting_vs_kl.png"),
             # each method's accuracy matrix, the mean over its seeds
-            *plots.plot_curriculum_means(continual.curriculum_jobs(jobs, report.seed_labels(df)), assets)]
+            *plots.plot_curriculum_means(continual.curriculum_jobs(jobs, report.seed_labels(df)), assets),
+            # each metric per method: the seeds and the mean with its interval over seeds
+            plots.plot_continual_metrics({m: continual.seed_metrics(curs) for m, curs
+                                          in continual.by_method(jobs, report.seed_labels(df)).items()},
+                                         assets / "continual_metrics.png")]
 
     done = int((df["status"] == "completed").sum())
     lines = [f"# Results: {page.stem}", "",

@@ -190,13 +190,14 @@ def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section
            Section("continual", "Continual learning: each method over seeds",
                    "From each curriculum run's curriculum.json (greedy accuracy on its held-out problems, "
                    "`curriculum.eval_limit` per stage, `eval.split`'s split). `<stage> final`: after the last stage, "
-                   "mean (min..max) over seeds; `<stage> gain`: after training the stage minus before it (the "
+                   "the mean over seeds [its 95% t interval over seeds, each seed one training run]; `<stage> gain`: after training the stage minus before it (the "
                    "model that entered it), pooled over the seeds' problems, with the paired 95% interval and "
                    "McNemar's exact p; average accuracy, BWT and maximum forgetting as the curriculum's page defines them, "
                    "FWT (each later stage's accuracy before it trained minus the start model's), and the correct-set "
                    "turnover: of the earlier stages' held-out problems, the share the entering model solved and the "
                    "stage's model lost (`earlier solved, lost`) and the share it gained, summed over the stages; "
-                   "mean (min..max) over seeds.", table)]
+                   "each the mean over seeds [95% t interval over seeds] (continual_metrics.png draws every seed).",
+                   table)]
     versus = continual.against_baseline(jobs, seed_labels)
     if not versus.empty:
         out.append(Section("continual_vs_baseline", "Continual learning: each method against the baseline",

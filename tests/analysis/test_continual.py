@@ -34,8 +34,27 @@ def test_gains_are_seed_level_and_the_pooled_test_is_labelled():
     assert row["b gain"].startswith("+0.750 [t ") and row["b gain"].endswith("2 seeds: not yet shown")
     # pooled over the 8 problems (6 flips): only as the figure given these trained models
     assert row["b gain, pooled"] == f"+0.750 p {mcnemar_exact_p(0, 6):.2g} (given these trained models)"
-    assert row["a final"] == "0.250 (0.250..0.250)"  # mean (min..max) over the two seeds
-    assert row["max forgetting"] == "0.500 (0.500..0.500)"
+    assert row["a final"] == "0.250 [t 0.250, 0.250]"  # mean [t interval] over the two seeds
+    assert row["max forgetting"] == "0.500 [t 0.500, 0.500]"
+
+
+def test_each_metric_is_a_mean_over_seeds_with_its_t_interval_and_is_drawn_per_seed(tmp_path):
+    from grpo_exp.analysis.plots import plot_continual_metrics
+    from grpo_exp.evaluation.stats import mean_interval
+
+    # seed 2 keeps the two problems of stage a that seed 1 loses: average accuracy 0.625 and 0.875
+    varied = [PLAIN[0], KEEP[1]]
+    values = continual.seed_metrics(varied)
+    assert values["average accuracy"] == [0.625, 0.875]
+    assert values["max forgetting"] == [0.5, 0.0]
+    assert set(values) == set(continual.METRICS)
+    low, high = mean_interval([0.625, 0.875])
+    row = continual.continual_table([_job(c) for c in varied], ["m", "m"]).iloc[0]
+    assert row["average accuracy"] == f"0.750 [t {low:.3f}, {high:.3f}]" and low < 0.625 and high > 0.875
+    assert continual.continual_table([_job(PLAIN[0])], ["m"]).iloc[0]["average accuracy"] == "0.625"  # one seed
+    path = plot_continual_metrics({"plain": continual.seed_metrics(PLAIN), "m": values}, tmp_path / "m.png")
+    assert path.stat().st_size > 5000
+    assert plot_continual_metrics({"plain": {}}, tmp_path / "none.png") is None
 
 
 def test_methods_are_compared_with_the_first_on_the_same_seeds():
@@ -157,8 +176,8 @@ def test_forward_transfer_and_turnover_count_problems_that_change_hands():
     # PLAIN: stage b before it trained 1/4 (after a), base 0/4: FWT +0.25; of a's 4 problems, a's model solved 3
     # and b's model kept 1 of them (2 lost), gained none
     row = continual.continual_table([_job(c) for c in PLAIN], ["plain", "plain"]).iloc[0]
-    assert row["FWT"] == "0.250 (0.250..0.250)"
-    assert row["earlier solved, lost"] == "0.500 (0.500..0.500)" and row["earlier unsolved, gained"].startswith("0.000")
+    assert row["FWT"] == "0.250 [t 0.250, 0.250]"
+    assert row["earlier solved, lost"] == "0.500 [t 0.500, 0.500]" and row["earlier unsolved, gained"].startswith("0.000")
     # accuracy may hold while problems change hands: 2 of 4 right before and after, with all four swapped
     swapped = turnover([[[1, 1, 0, 0]], [[0, 0, 1, 1], [1, 1, 1, 1]]])
     assert swapped == {"lost": 0.5, "gained": 0.5, "scored": 4}
