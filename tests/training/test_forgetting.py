@@ -47,6 +47,18 @@ def test_kl_estimate_matches_the_exact_token_kl(tiny_model):
     assert torch.allclose(completion_logps(model, ref), ref.logps, atol=1e-5)
 
 
+def test_sampling_the_reference_leaves_the_training_random_state_as_it_found_it(tiny_model):
+    """The reference is sampled after the trainer is built and before its first step: a run that tracks forgetting
+    must train the model a run without it trains, so the sampling's seeding may not leak into the global state."""
+    model, tokenizer = tiny_model
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    ref = _reference(model, tokenizer)
+    assert torch.equal(torch.get_rng_state(), state)
+    again = _reference(model, tokenizer)  # its own seed: the same samples, whatever the state around it
+    assert torch.equal(again.input_ids, ref.input_ids)
+
+
 def test_completion_mask_stops_after_eos(tiny_model):
     model, tokenizer = tiny_model
     ref = _reference(model, tokenizer)
