@@ -57,8 +57,8 @@ def test_a_target_never_reached_trains_every_step_and_says_so(tmp_path):
 
 
 def _source(root, stages=("basic", "intermediate"), every_limit=50, finished=2):
-    """A finished run's files as match.stage_target reads them: curriculum.json, each stage's metrics.json, model/,
-    training_settings.json and history.jsonl (validation accuracy 0.2, 0.3 ... at steps 10, 20 ...)."""
+    """A finished run's files as match.stage_target reads them: curriculum.json, each stage's metrics.json, model/
+    and history.jsonl (validation accuracy 0.2, 0.3 at steps 10, 20, on `every_limit` problems)."""
     root.mkdir(parents=True)
     (root / "curriculum.json").write_text(json.dumps({"stages": list(stages)}))
     for i, name in enumerate(stages[:finished]):
@@ -66,9 +66,8 @@ def _source(root, stages=("basic", "intermediate"), every_limit=50, finished=2):
         (stage_dir / "model").mkdir(parents=True)
         (stage_dir / "model" / "config.json").write_text("{}")
         (stage_dir / "metrics.json").write_text(json.dumps({"status": "completed"}))
-        (stage_dir / "training_settings.json").write_text(json.dumps({"eval.every_limit": every_limit}))
-        rows = [{"step": 10 * k, "stage": name, f"eval/{name}/accuracy": round(0.1 * (k + 1) + i / 100, 3)}
-                for k in (1, 2)] + [{"step": 21, "stage": name, "loss": 0.5}]
+        rows = [{"step": 10 * k, "stage": name, f"eval/{name}/accuracy": round(0.1 * (k + 1) + i / 100, 3),
+                 f"eval/{name}/n": every_limit} for k in (1, 2)] + [{"step": 21, "stage": name, "loss": 0.5}]
         (stage_dir / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
@@ -77,21 +76,22 @@ def test_each_stage_is_matched_to_the_other_runs_last_validation_accuracy_there(
     from grpo_exp.training.curriculum.sequential import _stage_config
 
     source = _source(tmp_path / "grpo")
-    user = ["curriculum=progressive", "logger=none", "train.method=sft", f"curriculum.match_accuracy_of={source}"]
+    # as the continual sweep gives it: the method file sets the run's curriculum.match_accuracy_of
+    user = ["curriculum=progressive", "logger=none", "method=sft_matched", f"curriculum.match_accuracy_of={source}"]
     cfg = compose_cfg(user, tmp_path / "run")
     validate(cfg)
     stages = list(cfg.curriculum.stages)
-    assert [match.stage_target(cfg, stages, i) for i in range(2)] == [0.3, 0.31]
     cfgs = [_stage_config(cfg, user, stages, i, tmp_path / "run") for i in range(2)]
     assert [c.train.stop_at_accuracy for c in cfgs] == [0.3, 0.31]
     assert all(c.curriculum.get("match_accuracy_of") is None for c in cfgs)  # a stage carries its target, not the run
-    assert compose_cfg(["curriculum=progressive"], tmp_path / "plain").curriculum.match_accuracy_of is None
-    assert match.stage_target(compose_cfg(["curriculum=progressive"], tmp_path / "p"), stages, 0) is None
+    plain = compose_cfg(["curriculum=progressive"], tmp_path / "plain")
+    assert plain.curriculum.match_accuracy_of is None and match.stage_target(plain, stages, 0, cfgs[0]) is None
 
 
 @pytest.mark.parametrize("source_args, stages, needle", [
     ({"finished": 1}, ["basic", "intermediate"], "its stage 2 (intermediate) has not finished"),
-    ({"every_limit": 20}, ["basic", "intermediate"], "evaluated 20 validation problems during training"),
+    ({"every_limit": 20}, ["basic", "intermediate"], "scored 20 validation problems during training (eval.every_limit) "
+                                                      "and this run would score 50"),
     ({"stages": ("intermediate", "basic")}, ["basic", "intermediate"], "ran the stages ['intermediate', 'basic']"),
     (None, ["basic", "intermediate"], "holds no curriculum.json"),
 ])
@@ -100,7 +100,7 @@ def test_a_run_that_cannot_be_matched_is_one_line_naming_why(tmp_path, source_ar
     cfg = compose_cfg(["curriculum=progressive", f"curriculum.match_accuracy_of={source}"], tmp_path / "run")
     with pytest.raises(ConfigError) as err:
         for i in range(len(stages)):
-            match.stage_target(cfg, stages, i)
+            match.stage_target(cfg, stages, i, compose_cfg([f"stage={stages[i]}"], tmp_path / "stage"))
     assert needle in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith(f"curriculum.match_accuracy_of={source}")
 

@@ -15,13 +15,15 @@ from pathlib import Path
 
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import read_jsonl
-from grpo_exp.base.run_files import CURRICULUM_FILE, HISTORY_FILE, SETTINGS_FILE, stage_dir_name
+from grpo_exp.base.run_files import CURRICULUM_FILE, HISTORY_FILE, stage_dir_name
+from grpo_exp.core.data import LEVELS
 from grpo_exp.training.run_dir import finished_metrics
 
 
-def stage_target(cfg, stages: list[str], i: int) -> float | None:
-    """Stage i's train.stop_at_accuracy from curriculum.match_accuracy_of (None without it); a one-line ConfigError
-    where that run cannot give it (not a run of these stages, stage i unfinished, another evaluation subset)."""
+def stage_target(cfg, stages: list[str], i: int, stage_cfg) -> float | None:
+    """Stage i's train.stop_at_accuracy from curriculum.match_accuracy_of (None without it), for `stage_cfg`, the
+    stage as this run trains it; a one-line ConfigError where that run cannot give it (not a run of these stages,
+    stage i unfinished, another number of validation problems scored)."""
     source = cfg.curriculum.get("match_accuracy_of")
     if not source:
         return None
@@ -39,17 +41,17 @@ def stage_target(cfg, stages: list[str], i: int) -> float | None:
     if finished_metrics(stage_dir) is None:
         raise ConfigError(f"{what}: its stage {i + 1} ({stage}) has not finished; run that job first (in "
                           f"experiment=continual it comes earlier in the seed's jobs)")
-    try:
-        limit = json.loads((stage_dir / SETTINGS_FILE).read_text()).get("eval.every_limit")
-    except (OSError, ValueError):
-        limit = None
-    if limit != cfg.eval.every_limit:
-        raise ConfigError(f"{what}: its stage {stage} evaluated {limit} validation problems during training "
-                          f"(eval.every_limit) and this run {cfg.eval.every_limit}; the accuracies compare on the same "
-                          f"problems only: set eval.every_limit={limit}")
     key = f"eval/{stage}/accuracy"
     rows = [r for r in read_jsonl(stage_dir / HISTORY_FILE) if key in r and r.get("stage", stage) == stage]
     if not rows:
         raise ConfigError(f"{what}: its stage {stage} logged no periodic validation accuracy ({key} in "
                           f"{HISTORY_FILE}); it ran with eval.every_steps=null")
+    # the first eval.every_limit validation problems, at most the split (evaluation/run.validation_subset)
+    scored, mine = rows[-1].get(f"eval/{stage}/n"), stage_cfg.eval.every_limit
+    if stage_cfg.stage.dataset in LEVELS:
+        mine = min(mine, stage_cfg.stage.num_validation)
+    if scored != mine:
+        raise ConfigError(f"{what}: its stage {stage} scored {scored} validation problems during training "
+                          f"(eval.every_limit) and this run would score {mine}; the accuracies compare on the same "
+                          f"problems only: set eval.every_limit={scored}")
     return float(rows[-1][key])

@@ -34,10 +34,10 @@ def stage_overrides(user_overrides: list[str], stage: str, out_dir: Path, init_f
     if earlier and init_from:
         extra.append(f"eval.forgetting_sets=[{','.join(earlier)}]")
     # a stage is a run of its own: what an experiment or a method file set for the curriculum as a whole (its stages,
-    # their recipes, branching, the replay share) is reset, and the stage replays what the curriculum gives it
+    # their recipes, branching, matching, the replay share) is reset, and the stage replays what the curriculum gives it
     replays = replay > 0 and bool(replay_from)
     # (curriculum.stage_overrides too: compose_stage empties it)
-    extra += ["curriculum.stages=[]", "curriculum.branch_from=null",
+    extra += ["curriculum.stages=[]", "curriculum.branch_from=null", "curriculum.match_accuracy_of=null",
               "curriculum.branch_from_missing=error", f"curriculum.replay={replay if replays else 0}",
               f"curriculum.replay_from=[{','.join(replay_from or []) if replays else ''}]"]
     return [*kept, *(own or []), *extra]

@@ -146,12 +146,13 @@ def _stage_config(cfg, user_overrides: list[str], stages: list[str], i: int, roo
     tracked = stages[:i] if cfg.curriculum.track_forgetting and cfg.eval.every_steps else None
     push = bool(cfg.get("push_to_hub")) and i == len(stages) - 1
     replayed = stages[:i] if cfg.curriculum.replay > 0 else None
-    own = list(cfg.curriculum.stage_overrides.get(stages[i]) or [])
-    target = match.stage_target(cfg, stages, i)  # curriculum.match_accuracy_of: that run's accuracy on this stage
+    stage_cfg = compose_stage(stage_overrides(user_overrides, stages[i], branch.stage_dir(root, i, stages[i]),
+                                              previous, bool(cfg.resume), tracked, push, cfg.curriculum.replay,
+                                              replayed, list(cfg.curriculum.stage_overrides.get(stages[i]) or [])))
+    target = match.stage_target(cfg, stages, i, stage_cfg)  # curriculum.match_accuracy_of: that run's accuracy here
     if target is not None:
-        own.append(f"train.stop_at_accuracy={target!r}")
-    return compose_stage(stage_overrides(user_overrides, stages[i], branch.stage_dir(root, i, stages[i]), previous,
-                                         bool(cfg.resume), tracked, push, cfg.curriculum.replay, replayed, own))
+        stage_cfg.train.stop_at_accuracy = target
+    return stage_cfg
 
 
 def _branch(cfg, stage_cfgs: list, root: Path, stages: list[str], result: dict) -> dict | None:
