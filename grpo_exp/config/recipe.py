@@ -71,10 +71,15 @@ class TrainConfig:
     # validation problems) whose greedy accuracy reaches this, train.max_steps at most; null trains every step.
     # The continual study's SFT run matched to GRPO's accuracy (curriculum.match_accuracy_of) sets it per stage
     stop_at_accuracy: Optional[float] = None
+    # every evaluated step must be a valid stopping point (a compute curve, a probe read step by step): the
+    # learning-rate schedule may not decay towards train.max_steps, so only ANYTIME_SCHEDULES are accepted
+    anytime: bool = False
     # Any other GRPOConfig field, passed through after a name check
     extra: Any = field(default_factory=dict)
 
     METHODS = ("grpo", "sft")
+    # schedules whose rate at a step does not depend on where the run ends
+    ANYTIME_SCHEDULES = ("constant", "constant_with_warmup", "inverse_sqrt")
     LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
     IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
     REWARD_SCALINGS = ("group", "batch", "none")
@@ -96,6 +101,11 @@ class TrainConfig:
                 f"train.warmup_steps={train.warmup_steps} must be >= 0 and below train.max_steps={train.max_steps} "
                 f"(the warm-up would not end within the run)")
         _check_policy_loss(train)
+        if train.get("anytime"):
+            require(train.lr_scheduler_type in TrainConfig.ANYTIME_SCHEDULES,
+                    f"train.lr_scheduler_type={train.lr_scheduler_type} decays towards train.max_steps, so the curve's "
+                    f"earlier points are not valid stopping points (train.anytime=true); choose one of: "
+                    f"{', '.join(TrainConfig.ANYTIME_SCHEDULES)}")
         require(train.dynamic_sampling_max_draws >= 1,
                 f"train.dynamic_sampling_max_draws={train.dynamic_sampling_max_draws} must be >= 1 (extra "
                 f"generation rounds a step may draw; train.dynamic_sampling=false turns dynamic sampling off)")

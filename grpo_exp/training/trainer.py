@@ -26,7 +26,8 @@ from grpo_exp.training.rollout.old_logps import OldLogps
 logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
-_NOT_GRPO_FIELDS = {"precision", "extra", "dynamic_sampling", "dynamic_sampling_max_draws", "method", "stop_at_accuracy"}
+_NOT_GRPO_FIELDS = {"precision", "extra", "dynamic_sampling", "dynamic_sampling_max_draws", "method", "stop_at_accuracy",
+                    "anytime"}
 
 
 class LossTerm(Protocol):

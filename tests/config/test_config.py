@@ -82,6 +82,10 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
      "set train.mask_truncated_completions=true instead of +train.extra.mask_truncated_completions"),
     (["speed.generation=fast"], "speed.generation='fast' is not valid; choose one of: auto, trl, engine, vllm"),
     (["speed.is_cap=0.5"], "speed.is_cap=0.5 must be a finite number >= 1"),
+    # a curve's points are stopping points: its schedule may not decay towards max_steps
+    (["experiment=compute_curve", "train.lr_scheduler_type=linear"],
+     "train.lr_scheduler_type=linear decays towards train.max_steps"),
+    (["curriculum=progressive", "curriculum.stages=[basic,expert,two_step]"], "expert"),
 ])
 def test_semantic_errors_are_one_line(tmp_path, overrides, needle):
     cfg = compose_cfg(overrides, tmp_path)
