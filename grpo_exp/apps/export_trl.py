@@ -1,6 +1,7 @@
 """`grpo-export-trl <run> --out <file.yaml>` (or `python -m grpo_exp.export_trl`): the GRPOConfig a training run
-trained with, as a YAML file that `trl grpo --config <file.yaml>` reads back with the same values, with the model
-and dataset keys TRL's script expects and comments on what TRL cannot express. The logic lives in
+trained with, as a YAML file that `trl grpo --config <file.yaml>` reads back with the same values (an SFT run's
+SFTConfig, for `trl sft`), with the model and dataset keys TRL's script expects and comments on what TRL cannot
+express. The logic lives in
 grpo_exp.training.trl_export."""
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"{args.out}: GRPOConfig of {export.run_dir} ({len(export.grpo)} keys); train it with "
-          f"trl grpo --config {args.out}")
+    trainer, command = ("SFTConfig", "sft") if export.method == "sft" else ("GRPOConfig", "grpo")
+    print(f"{args.out}: {trainer} of {export.run_dir} ({len(export.grpo)} keys); train it with "
+          f"trl {command} --config {args.out}")
     return 0
 
 

@@ -89,9 +89,11 @@ class SftExpTrainer(SFTTrainer):
         """Nothing to restore: an SFT stage trains on its own stage's problems only."""
 
 
-def sft_config(train_cfg, output_dir: Path, precision: str, report_to: list[str]) -> SFTConfig:
-    """cfg.train's optimizer settings as TRL's SFTConfig; the GRPO-only ones (generation, rewards, KL) are not read."""
-    return SFTConfig(
+def sft_config_kwargs(train_cfg, output_dir: str | Path, precision: str, report_to: list[str],
+                      use_cpu: bool) -> dict:
+    """cfg.train's optimizer settings as TRL's SFTConfig keyword arguments; the GRPO-only ones (generation,
+    rewards, KL) are not read. grpo-export-trl writes the same arguments for an SFT run."""
+    return dict(
         output_dir=str(output_dir),
         max_steps=train_cfg.max_steps,
         per_device_train_batch_size=train_cfg.per_device_train_batch_size,
@@ -108,12 +110,18 @@ def sft_config(train_cfg, output_dir: Path, precision: str, report_to: list[str]
         save_total_limit=train_cfg.save_total_limit,
         bf16=precision == "bf16",
         fp16=False,
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=use_cpu,
         activation_checkpointing=train_cfg.gradient_checkpointing,
         completion_only_loss=True,
-        report_to=report_to,
+        report_to=list(report_to),
         dataset_num_proc=None,
     )
+
+
+def sft_config(train_cfg, output_dir: Path, precision: str, report_to: list[str]) -> SFTConfig:
+    """cfg.train's optimizer settings as TRL's SFTConfig (sft_config_kwargs)."""
+    return SFTConfig(**sft_config_kwargs(train_cfg, output_dir, precision, report_to,
+                                         use_cpu=not torch.cuda.is_available()))
 
 
 def build_sft_trainer(cfg, parts, output_dir: str | Path, callbacks: list[TrainerCallback], report_to: list[str],

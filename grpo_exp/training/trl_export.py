@@ -1,6 +1,7 @@
 """`grpo-export-trl <run> --out <file.yaml>`: the GRPOConfig a run trained with, as a YAML file that TRL's own
 `trl grpo --config <file.yaml>` (TrlParser) reads back with the same values, plus the model and dataset keys
-that command expects (TRL's ModelConfig and ScriptArguments).
+that command expects (TRL's ModelConfig and ScriptArguments). A supervised run (train.method=sft) is written as
+the SFTConfig its SFTTrainer took, for `trl sft --config <file.yaml>`.
 
 The GRPOConfig is rebuilt as the run built it: the run's recorded config (.hydra/config.yaml, with the stage's
 own training settings, training_settings.json, over it) through training/trainer.grpo_config_kwargs with the
@@ -40,7 +41,8 @@ class Export:
     plan: SpeedPlan
     plan_source: str
     curriculum: Path | None  # the curriculum run this stage belongs to, else None
-    grpo: dict[str, Any]
+    grpo: dict[str, Any]  # the trainer's config keywords: GRPOConfig's, or SFTConfig's for an SFT run
+    method: str  # train.method: grpo (GRPOTrainer) or sft (SFTTrainer)
     script: dict[str, Any]
     model: dict[str, Any]
     env: dict[str, str]
@@ -157,11 +159,20 @@ def build(path: str | Path, output_dir: str | None = None) -> Export:
     run_dir, cfg, curriculum = load_run(path)
     train = train_node(cfg)
     plan, source = speed_plan(run_dir, cfg, train)
-    kwargs = grpo_config_kwargs(train, output_dir or f"{run_dir.name}-trl", reward_weights(cfg), report_to(cfg), plan)
-    if "use_cpu" not in (train.extra or {}):
-        kwargs["use_cpu"] = plan.device == "cpu"  # the run's device, not this machine's
+    method = str(train.get("method") or "grpo")
+    if method == "sft":
+        from grpo_exp.training.sft import sft_config_kwargs
+
+        # an SFT run's speed_plan.json holds its precision and device only; the rollout plan never applied
+        kwargs = sft_config_kwargs(train, output_dir or f"{run_dir.name}-trl", plan.precision, report_to(cfg),
+                                   use_cpu=plan.device == "cpu")
+    else:
+        kwargs = grpo_config_kwargs(train, output_dir or f"{run_dir.name}-trl", reward_weights(cfg), report_to(cfg),
+                                    plan)
+        if "use_cpu" not in (train.extra or {}):
+            kwargs["use_cpu"] = plan.device == "cpu"  # the run's device, not this machine's
     notes: list[str] = []
-    return Export(run_dir, cfg, plan, source, curriculum, kwargs, script_keys(cfg, notes),
+    return Export(run_dir, cfg, plan, source, curriculum, kwargs, method, script_keys(cfg, notes, method),
                   model_keys(cfg, plan, notes), env_keys(cfg), notes)
 
 
@@ -178,11 +189,21 @@ def _importable(func) -> str | None:
         return None
 
 
-def script_keys(cfg: DictConfig, notes: list[str]) -> dict[str, Any]:
-    """TRL's ScriptArguments (the dataset) and GRPOScriptArguments (the reward functions)."""
+def script_keys(cfg: DictConfig, notes: list[str], method: str = "grpo") -> dict[str, Any]:
+    """TRL's ScriptArguments (the dataset) and GRPOScriptArguments (the reward functions; none for SFT)."""
     from grpo_exp.core import rewards
 
     stage = cfg.stage
+    if method == "sft":
+        notes.append(f"dataset: the {stage.name} stage's training problems with their worked solutions as completions "
+                     f"(conversational prompt-completion rows, grpo_exp.training.sft.sft_dataset; seed "
+                     f"{cfg.train.seed}); TRL cannot generate them. Build that dataset (prompt: the chat messages, "
+                     f"completion: the assistant's worked solution) and set dataset_name (or `datasets:`) to it. The "
+                     f"loss is the completion's tokens only (completion_only_loss)")
+        if cfg.reward.system_prompt:
+            notes.append("system prompt: grpo-exp put reward.system_prompt before every question; the dataset's "
+                         "prompts must carry it: " + json.dumps(str(cfg.reward.system_prompt)))
+        return {"dataset_name": None, "dataset_config": None, "dataset_train_split": "train"}
     keys: dict[str, Any] = {"dataset_name": None, "dataset_config": None, "dataset_train_split": "train"}
     if stage.dataset == "prompts":
         if not stage.path:
@@ -269,7 +290,12 @@ def cannot_express(export: Export) -> list[str]:
                      f"gamma={cfg.ewc['gamma']:g}) anchored to the previous stage's weights and Fisher; TRL has no such "
                      f"loss term")
     train = train_node(cfg)
-    if train.dynamic_sampling:
+    sft = export.method == "sft"
+    if sft:
+        lines.append("supervised fine-tuning: the run trained with TRL's SFTTrainer on worked solutions "
+                     "(train.method=sft), the continual-learning study's supervised arm; generation, rewards and the "
+                     "KL term did not apply, so the file holds SFTConfig keys for `trl sft`")
+    if train.dynamic_sampling and not sft:
         lines.append(f"dynamic sampling: the run refilled groups whose completions were all right or all wrong from "
                      f"extra generation rounds (DAPO's filter_groups, train.dynamic_sampling, at most "
                      f"{train.dynamic_sampling_max_draws} extra rounds a step); TRL's GRPOTrainer has no such option")
@@ -287,6 +313,9 @@ def cannot_express(export: Export) -> list[str]:
     if export.curriculum is not None and cfg.curriculum.mode != "adaptive":
         lines.append(f"curriculum: this is the {cfg.stage.name} stage of the curriculum {export.curriculum}; TRL "
                      f"trains one stage: export each stage and run them in order, each from the previous one's output")
+    if sft:
+        return lines + (["on_nonfinite=skip: the run skipped updates with a NaN/inf loss; TRL stops or trains on"]
+                        if cfg.on_nonfinite == "skip" else [])
     if plan.generation == "engine":
         lines.append(f"rollout engine: grpo-exp sampled completions with its own engine (a {plan.rollout_dtype} copy "
                      f"of the policy, old log-probs from the {plan.old_logps}); TRL samples with `generate`. The "
@@ -315,7 +344,8 @@ def groups(export: Export) -> list[tuple[str, dict[str, Any]]]:
     recipe = {f.name for f in dataclasses.fields(TrainConfig)} | {"activation_checkpointing"} | set(train.extra or {})
     # the sampler's keys the plan set (a train.extra.vllm_* key stays with the recipe, where it was given)
     speed = {k for k in export.grpo if k.startswith("vllm_") or k == "use_vllm"} - recipe
-    out = [("the GRPO recipe (train.* and train.extra.*, by GRPOConfig's names)",
+    trainer = "SFTConfig" if export.method == "sft" else "GRPOConfig"
+    out = [(f"the {export.method.upper()} recipe (train.* and train.extra.*, by {trainer}'s names)",
             {k: v for k, v in export.grpo.items() if k in recipe}),
            (f"set by grpo-exp for every run (bf16: train.precision as the run resolved it; use_cpu: its device; "
             f"the run wrote its checkpoints to {export.run_dir / 'checkpoints'})",
@@ -339,11 +369,12 @@ def to_yaml(export: Export) -> str:
     """The file: a header saying where it came from and what TRL cannot express, then the keys."""
     from importlib import metadata
 
-    header = [f"GRPOConfig of the grpo-exp run {export.run_dir}, written by grpo-export-trl (grpo-exp "
+    trainer, command = ("SFTConfig", "sft") if export.method == "sft" else ("GRPOConfig", "grpo")
+    header = [f"{trainer} of the grpo-exp run {export.run_dir}, written by grpo-export-trl (grpo-exp "
               f"{commit.AT_START or 'unknown'}, TRL {metadata.version('trl')}) from its recorded config and speed plan "
               f"({export.plan_source}).",
-              "Train it with TRL: trl grpo --config <this file> (TRL reads GRPOConfig, ScriptArguments and "
-              "ModelConfig keys from it)."]
+              f"Train it with TRL: trl {command} --config <this file> (TRL reads {trainer}, ScriptArguments and "
+              f"ModelConfig keys from it)."]
     lines = [line for text in header for line in _comment(text)]
     missing = cannot_express(export) + export.notes
     if missing:
@@ -354,9 +385,10 @@ def to_yaml(export: Export) -> str:
     if export.env:
         lines += ["", "# environment TRL sets before training (the run logged to wandb offline)", _dump({"env": export.env}).rstrip()]
     lines += ["", "# model (TRL's ModelConfig)", _dump(export.model).rstrip(),
-              "", "# dataset and rewards (TRL's ScriptArguments / GRPOScriptArguments)", _dump(export.script).rstrip()]
+              "", "# dataset (TRL's ScriptArguments)" if export.method == "sft" else
+              "# dataset and rewards (TRL's ScriptArguments / GRPOScriptArguments)", _dump(export.script).rstrip()]
     for title, keys in groups(export):
-        lines += [""] + _comment(f"GRPOConfig: {title}") + [_dump(keys).rstrip()]
+        lines += [""] + _comment(f"{trainer}: {title}") + [_dump(keys).rstrip()]
     return "\n".join(lines) + "\n"
 
 

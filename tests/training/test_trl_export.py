@@ -300,3 +300,33 @@ def test_replay_and_adaptive_runs_say_what_they_trained_on(tmp_path):
     assert "training data: the adaptive curriculum: one run of" in comments
     assert "over the training sets of basic, intermediate at once" in comments
     assert "export each stage and run them in order" not in comments
+
+
+def test_an_sft_run_exports_the_sft_config_its_trainer_took(tmp_path):
+    """train.method=sft trains with TRL's SFTTrainer: the file is that SFTConfig, for `trl sft`, read back with the
+    same values, without reward keys, and says what the dataset must hold."""
+    from trl import SFTConfig
+    from trl.scripts.sft import make_parser as sft_parser
+
+    from grpo_exp.training.sft import SftPlan, sft_config
+
+    run, cfg = recorded_run(tmp_path, ["debug=smoke", "train.method=sft", "train.precision=bf16", "ewc.lambda=10",
+                                       "logger=none", "train.learning_rate=2e-5"])
+    (run / "speed_plan.json").write_text(json.dumps(SftPlan("bf16", "cpu").record()))  # what an SFT stage writes
+    out = tmp_path / "sft.yaml"
+    assert main([str(run), "--out", str(out)]) == 0
+    expected = sft_config(cfg.train, run / "checkpoints", "bf16", [])
+    (parsed,) = TrlParser((SFTConfig,)).parse_args_and_config(["--config", str(out)], fail_with_unknown_args=False)
+    fields = [f.name for f in dataclasses.fields(SFTConfig) if f.name != "output_dir"]
+    assert {f: (getattr(expected, f), getattr(parsed, f)) for f in fields
+            if getattr(expected, f) != getattr(parsed, f)} == {}
+    assert parsed.bf16 and parsed.completion_only_loss and parsed.learning_rate == 2e-5
+    script, args, model, _ = sft_parser().parse_args_and_config(["--config", str(out)])  # every key is trl sft's
+    assert args.max_steps == cfg.train.max_steps and not hasattr(script, "reward_funcs")
+    text = out.read_text()
+    assert text.startswith("# SFTConfig of the grpo-exp run") and "trl sft --config" in text
+    comments = comment_text(text)
+    assert "supervised fine-tuning: the run trained with TRL's SFTTrainer" in comments
+    assert "worked solutions as completions" in comments and "EWC: the run added" in comments
+    assert "reward functions" not in comments and "rollout engine" not in comments
+    assert "num_generations" not in yaml.safe_load(text)
