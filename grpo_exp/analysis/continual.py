@@ -185,8 +185,10 @@ def continual_table(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
 
 
 def against_baseline(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
-    """Each method's final accuracy per stage minus the first method's, paired over the problems of the seeds
-    both ran (the same seed scores the same problems); empty with fewer than two methods."""
+    """Each method against plain GRPO (else the first method), paired by seed over the seeds both ran: each stage's
+    final accuracy (per-problem pairs within a seed: the same seed scores the same problems) and each metric of
+    METRICS (one value per seed), each as the mean difference with its seed-level t interval, p and verdict; empty
+    with fewer than two methods."""
     by_method: dict[str, dict] = {}
     for label, cur in curriculum_jobs(jobs, labels):
         by_method.setdefault(label, {})[cur.get("seed")] = cur
@@ -206,5 +208,10 @@ def against_baseline(jobs: list[dict], labels: list[str]) -> pd.DataFrame:
             diff = _seed_pair(pairs)
             row[f"{stage} final, difference"] = _gain_cell(diff)
             row[f"{stage} final, pooled"] = seed_stats.pooled_cell(diff)
+        mine, theirs = [seed_metrics([curs[s]]) for s in seeds], [seed_metrics([base[s]]) for s in seeds]
+        for metric in METRICS:
+            if all(metric in m for m in mine + theirs):
+                diff = seed_stats.paired_difference([t[metric][0] for t in theirs], [m[metric][0] for m in mine])
+                row[f"{metric}, difference"] = _gain_cell(diff)
         rows.append(row)
     return pd.DataFrame(rows)

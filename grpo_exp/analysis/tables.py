@@ -190,9 +190,11 @@ def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section
            Section("continual", "Continual learning: each method over seeds",
                    "From each curriculum run's curriculum.json (greedy accuracy on its held-out problems, "
                    "`curriculum.eval_limit` per stage, `eval.split`'s split). `<stage> final`: after the last stage, "
-                   "the mean over seeds [its 95% t interval over seeds, each seed one training run]; `<stage> gain`: after training the stage minus before it (the "
-                   "model that entered it), pooled over the seeds' problems, with the paired 95% interval and "
-                   "McNemar's exact p; average accuracy, BWT and maximum forgetting as the curriculum's page defines them, "
+                   "the mean over seeds [its 95% t interval over seeds, each seed one training run]; `<stage> gain`: after "
+                   "training the stage minus before it (the model that entered it), the mean of the per-seed gains "
+                   "[95% t interval over seeds], the one-sample t test's p and its verdict; `<stage> gain, pooled`: "
+                   "the same pooled over the seeds' problems with McNemar's exact p (given these trained models); "
+                   "average accuracy, BWT and maximum forgetting as the curriculum's page defines them, "
                    "FWT (each later stage's accuracy before it trained minus the start model's), and the correct-set "
                    "turnover: of the earlier stages' held-out problems, the share the entering model solved and the "
                    "stage's model lost (`earlier solved, lost`) and the share it gained, summed over the stages; "
@@ -201,10 +203,13 @@ def continual_sections(jobs: list[dict], seed_labels: list[str]) -> list[Section
     versus = continual.against_baseline(jobs, seed_labels)
     if not versus.empty:
         out.append(Section("continual_vs_baseline", "Continual learning: each method against the baseline",
-                           "Final accuracy per stage minus the baseline's (`against`: plain GRPO where it ran, else "
-                           "the first method), paired problem by problem over the "
-                           "seeds both ran (a seed scores the same problems in every method), with the paired 95% "
-                           "interval and McNemar's exact p.", versus))
+                           "Each method minus the baseline (`against`: plain GRPO where it ran, else the first "
+                           "method), paired by seed over the seeds both ran (a seed scores the same problems in every "
+                           "method): each stage's final accuracy and each metric of the table above, as the mean of "
+                           "the per-seed differences [95% t interval over seeds], the paired t test's p and its "
+                           "verdict (beyond or within seed noise; not yet shown under 5 seeds); `final, pooled`: the "
+                           "final accuracies' problems pooled over seeds with McNemar's exact p, which holds the "
+                           "trained models fixed.", versus))
     fits = forgetting_fit.fit_table(forgetting_fit.points(jobs, seed_labels))
     if not fits.empty:
         out.append(Section("forgetting_kl", "Forgetting against KL",

@@ -77,6 +77,17 @@ def seed_level(pairs: list[tuple[list[int], list[int]]], seed: int = 0) -> dict:
             "verdict": verdict(n, p, interval), "pooled": pooled, "pooled_label": POOLED_LABEL}
 
 
+def paired_difference(before: list[float], after: list[float]) -> dict:
+    """A per-seed figure of two settings paired by seed (after minus before, one value per seed): the per-seed
+    differences, their mean with the t interval and p, and the verdict, in seed_level's shape (no per-problem
+    pairs, so no bootstrap and no pooled test)."""
+    per_seed = [a - b for b, a in zip(before, after)]
+    n, interval, p = len(per_seed), mean_interval(per_seed), t_test_p(per_seed)
+    return {"seeds": n, "per_seed": per_seed, "diff": statistics.fmean(per_seed) if per_seed else 0.0,
+            "t_ci95": list(interval) if interval else None, "t_p": p, "bootstrap_ci95": None,
+            "verdict": verdict(n, p, interval), "pooled": None, "pooled_label": POOLED_LABEL}
+
+
 def cell(result: dict) -> str:
     """A table cell: "+0.045 [t -0.020, +0.110] p 0.28, 3 seeds: not yet shown"."""
     ci = result["t_ci95"]

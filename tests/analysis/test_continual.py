@@ -66,6 +66,28 @@ def test_methods_are_compared_with_the_first_on_the_same_seeds():
     assert versus.iloc[0]["b final, difference"].startswith("+0.000")
 
 
+def test_every_metric_is_compared_with_plain_grpo_paired_by_seed():
+    """average accuracy, BWT, FWT, forgetting and turnover: the per-seed differences to the baseline's same seed,
+    their mean with the seed-level t interval, p and verdict."""
+    from grpo_exp.evaluation import seed_stats
+
+    # seed 2 of the method keeps stage a (KEEP), seed 1 loses it as plain GRPO does
+    method = [PLAIN[0], KEEP[1]]
+    versus = continual.against_baseline([_job(c) for c in PLAIN + method], ["plain", "plain", "m", "m"]).iloc[0]
+    # average accuracy: 0.625 and 0.875 against 0.625 and 0.625: differences 0 and +0.25
+    expected = seed_stats.paired_difference([0.625, 0.625], [0.625, 0.875])
+    assert expected["per_seed"] == [0.0, 0.25] and expected["diff"] == 0.125
+    assert versus["average accuracy, difference"] == seed_stats.cell(expected)
+    assert versus["average accuracy, difference"].startswith("+0.125 [t ") and "2 seeds: not yet shown" in \
+        versus["average accuracy, difference"]
+    assert versus["max forgetting, difference"].startswith("-0.250 [t ")
+    assert versus["earlier solved, lost, difference"].startswith("-")
+    assert versus["FWT, difference"].startswith("+0.000")
+    # five seeds that all move the same way are beyond seed noise; a sign flip is within it
+    assert seed_stats.paired_difference([0.5] * 5, [0.6, 0.62, 0.61, 0.63, 0.6])["verdict"] == "beyond seed noise"
+    assert seed_stats.paired_difference([0.5] * 5, [0.6, 0.4, 0.55, 0.45, 0.5])["verdict"] == "within seed noise"
+
+
 def test_runs_without_per_problem_results_make_no_table():
     old = {k: v for k, v in PLAIN[0].items() if k != "correct"}
     assert continual.continual_table([_job(old)], ["x"]).empty
