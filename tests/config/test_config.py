@@ -212,6 +212,27 @@ def test_long_ladder_grpo_is_the_long_ladder_without_ewc_branching_from_its_seed
                       {"subdir": "seed${train.seed}_grpo"}]
 
 
+def test_long_ladder_gemma_is_the_long_ladder_with_the_other_packaged_model(tmp_path):
+    smol = compose_cfg(["experiment=long_ladder", "train.seed=2"], tmp_path)
+    gemma = compose_cfg(["experiment=long_ladder_gemma", "train.seed=2"], tmp_path)
+    assert (smol.model.name, gemma.model.name) == ("smollm2_135m", "gemma3_270m")
+    for group in ("stage", "train", "eval", "ewc", "reward", "curriculum"):
+        assert gemma[group] == smol[group], group
+    sweep = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / "long_ladder_gemma.yaml").hydra.sweep)
+    assert sweep == {"dir": "outputs/${task_name}/multiruns/long_ladder_gemma"}  # never mixed with the 135M seeds
+
+
+def test_default_choice_compares_levers_on_validation_only(tmp_path):
+    spec = OmegaConf.load(CONF_DIR / "experiment" / "default_choice.yaml")
+    arms = spec.hydra.sweeper.params.ablation.split(",")
+    assert arms[0] == "none" and {"dynamic_sampling", "ds_60", "gens_8"} <= set(arms)
+    for arm in arms:
+        cfg = compose_cfg(["experiment=default_choice", f"ablation={arm}"], tmp_path)
+        assert cfg.eval.split == "validation" and cfg.stage.name == "basic", arm
+    ds_60 = compose_cfg(["experiment=default_choice", "ablation=ds_60"], tmp_path).train
+    assert ds_60.dynamic_sampling and ds_60.max_steps == 60
+
+
 def test_replay_share_experiment_is_plain_grpo_on_the_validation_ladder(tmp_path):
     # docs/results/superseded/replay-share.md is read beside experiment=ewc_lambda's lambda-0 job: each share must be that
     # job with replay alone changed
