@@ -90,3 +90,30 @@ def test_the_ewc_term_is_added_to_the_sft_loss_and_logged(tmp_path):
     assert trainer.pending_logs["ewc_penalty"] == pytest.approx(term)
     model.eval()  # outside training the term is not added
     assert float(trainer.compute_loss(model, batch).detach()) == pytest.approx(plain, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_sft_through_a_curriculum_writes_a_loadable_model_and_a_record_of_what_trained(tmp_path):
+    """The study's SFT arm end to end on the tiny model: two stages of two SFT steps each, each stage from the last
+    one's model; curriculum.json records the method and the accuracy matrix, and each stage's model/ loads."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_exp.training.curriculum.sequential import run_curriculum
+
+    overrides = [*SFT, "method=sft", "curriculum=progressive", "train.max_steps=2", "stage.num_train=8",
+                 "curriculum.eval_limit=3", "curriculum.eval_batch_size=3", "eval.every_steps=null",
+                 "train.max_completion_length=8"]
+    cfg = compose_cfg(overrides, tmp_path)
+    validate(cfg)
+    run_curriculum(cfg, overrides)
+    saved = json.loads((tmp_path / "curriculum.json").read_text())
+    assert saved["method"] == "sft" and saved["stages"] == ["basic", "intermediate"]
+    assert [len(row) for row in saved["matrix"]] == [2, 2] and len(saved["correct"]["rows"]) == 2
+    for i, name in enumerate(saved["stages"], start=1):
+        stage_dir = tmp_path / f"{i}_{name}"
+        metrics = json.loads((stage_dir / "metrics.json").read_text())
+        assert metrics["status"] == "completed" and metrics["steps"] == 2
+        assert json.loads((stage_dir / "speed_plan.json").read_text())["speed.method"] == "sft"
+        model = AutoModelForCausalLM.from_pretrained(stage_dir / "model")
+        assert isinstance(model, torch.nn.Module)
+    assert json.loads((tmp_path / "2_intermediate" / "metrics.json").read_text())["init_from"].endswith("1_basic/model")
