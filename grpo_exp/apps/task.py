@@ -18,6 +18,8 @@ log to `<run dir>/<task>.rank<r>.log`.
 
 from __future__ import annotations
 
+import json
+
 import sys
 import time
 import traceback
@@ -182,17 +184,34 @@ def share_cores(cfg, hydra_cfg) -> None:
                 "choose)", threads, cores, str(hydra_cfg.launcher.get("_target_", "")).rsplit(".", 1)[-1])
 
 
+def _earlier_attempts(path: Path) -> list[dict]:
+    """The attempts an earlier status.json recorded (one, for a file from before `attempts`); none if unreadable."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if isinstance(old.get("attempts"), list):
+        return old["attempts"]
+    if isinstance(old.get("started"), (int, float)) and isinstance(old.get("duration_s"), (int, float)):
+        return [{"started": old["started"], "duration_s": old["duration_s"], "status": old.get("status")}]
+    return []
+
+
 def record_status(hydra_cfg, status: str, started: float, err: BaseException | None = None, objective=None) -> None:
     """status.json in the job directory (and error.txt with the traceback when the job failed), so the
     report lists failed sweep jobs with their error, whatever the launcher. Rank 0 alone writes it. A job that
     ends without an error after an earlier attempt failed or was stopped moves that attempt's error.txt to
-    error.earlier.txt: error.txt is always the current attempt's."""
+    error.earlier.txt: error.txt is always the current attempt's. A job run again (a resumed or finished one)
+    keeps its earlier attempts: `attempts` lists each one's start, wall time and status, `duration_s` is their sum
+    (what the job cost) and `started` the first one's start."""
     if not dist.is_main():
         return
     job_dir = Path(hydra_cfg.runtime.output_dir)
+    attempts = [*_earlier_attempts(job_dir / "status.json"),
+                {"started": started, "duration_s": time.time() - started, "status": status}]
     info = {"status": status, "overrides": list(hydra_cfg.overrides.task),
-            "job_num": hydra_cfg.job.get("num"), "started": started, "duration_s": time.time() - started,
-            "objective": objective}
+            "job_num": hydra_cfg.job.get("num"), "started": attempts[0]["started"],
+            "duration_s": sum(a["duration_s"] for a in attempts), "objective": objective, "attempts": attempts}
     try:
         if err is not None:
             info["error_type"] = type(err).__name__
