@@ -125,13 +125,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=None, metavar="G1,G2", help="--matrix: the group sizes, completions per prompt (default 4,16)")
     p.add_argument("--no-memory-check", action="store_true",
                    help="--matrix: run every point, even one whose estimated peak memory is over the available memory")
+    p.add_argument("--skip-over-memory", action="store_true",
+                   help="--matrix: leave out every point whose estimated peak memory is over the available memory "
+                        "(listed as left out, with its estimate, in matrix.json and on the page) instead of refusing")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # bench.json records the command
     if args.matrix:
         _check_matrix(p, args)
-    elif args.models or args.lengths or args.groups or args.no_memory_check:
-        p.error("--models, --lengths, --groups and --no-memory-check belong to --matrix; give --matrix too, or "
+    elif args.models or args.lengths or args.groups or args.no_memory_check or args.skip_over_memory:
+        p.error("--models, --lengths, --groups, --no-memory-check and --skip-over-memory belong to --matrix; give "
+                "--matrix too, or "
                 "--model, --max-completion-length and --num-generations for one shape")
     else:
         for key, default in SHAPE_DEFAULTS.items():

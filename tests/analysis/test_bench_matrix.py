@@ -49,7 +49,7 @@ def test_matrix_options_and_their_defaults():
     (["--matrix", "--model", "tiny_random"], "--matrix sets each point's model, length, group and baselines itself; "
                                              "leave out --model"),
     (["--matrix", "--baseline", "fp32", "--num-generations", "8"], "leave out --num-generations, --baseline"),
-    (["--lengths", "64"], "--models, --lengths, --groups and --no-memory-check belong to --matrix"),
+    (["--lengths", "64"], "--models, --lengths, --groups, --no-memory-check and --skip-over-memory belong to --matrix"),
 ])
 def test_bad_matrix_input_is_one_line_and_runs_nothing(tmp_path, capsys, argv, says):
     out = tmp_path / "matrix"
@@ -98,7 +98,11 @@ def test_the_largest_point_over_the_memory_is_named(tmp_path):
     below = sorted(peaks.values())[1] + 0.05  # the two larger points are over
     with pytest.raises(matrix.MatrixError, match=r"^point tiny_random L64 G4 needs about .*; 2 points are over"):
         matrix.plan(args, tmp_path, ["fp32"], free_mb=below)
-    args.no_memory_check = True
+    args.skip_over_memory = True  # the points over are left out, each with its estimate; the others run
+    states = {p.label: p.state for p in matrix.plan(args, tmp_path, ["fp32"], free_mb=below)}
+    assert states == {"tiny_random L8 G2": "new", "tiny_random L8 G4": "new",
+                      "tiny_random L64 G2": matrix.OVER_MEMORY, "tiny_random L64 G4": matrix.OVER_MEMORY}
+    args.skip_over_memory, args.no_memory_check = False, True
     assert len(matrix.plan(args, tmp_path, ["fp32"], free_mb=below)) == 4
 
 
@@ -217,3 +221,19 @@ def test_a_matrix_of_one_point_on_the_tiny_model(tmp_path):
     assert (out / "matrix.png").read_bytes()[:8] == PNG
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("measured already") == 1, again.stderr[-2000:]
+
+
+def test_skip_over_memory_runs_the_rest_and_lists_what_it_left_out(tmp_path, fake_children, monkeypatch):
+    monkeypatch.setattr(matrix, "native_bf16", lambda: "fp32")
+    out, page = tmp_path / "matrix", tmp_path / "docs" / "results" / "scale.md"
+    argv = ["--matrix", "--models", "tiny_random", "--lengths", "8,64", "--groups", "2", "--steps", "1", "--warmup",
+            "0", "--out", str(out), "--page", str(page), "--machine", "box"]
+    sizes = {p.length: p.estimate["peak_mb"] for p in matrix.plan(parse_args(argv), out, ["fp32"], free_mb=1e9)}
+    monkeypatch.setattr(matrix, "available_mb", lambda: (sizes[8] + sizes[64]) / 2)  # the longer point is over
+    with pytest.raises(matrix.MatrixError, match="--skip-over-memory"):
+        matrix.run_matrix(parse_args(argv))
+    assert matrix.run_matrix(parse_args([*argv, "--skip-over-memory"])) == 0
+    assert {point for point, _ in fake_children} == {"tiny_random-L8-G2"}
+    report = json.loads((out / "matrix.json").read_text())
+    assert [p["status"] for p in report["points"]] == ["ok", matrix.OVER_MEMORY]
+    assert "| `tiny_random-L64-G2` | tiny_random | 64 | 2 | left out: over memory (estimated peak " in page.read_text()

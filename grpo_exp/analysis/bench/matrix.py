@@ -38,7 +38,8 @@ PASSED_FLAGS = (("fixed_length", "--fixed-length"), ("profile", "--profile"))
 # what a measured point must have been measured with to be kept
 SAME = ("model", "max_completion_length", "num_generations", "baseline", "override", "fixed_length", "profile",
         *(key for key, _ in PASSED))
-MATRIX_KEYS = ("matrix", "models", "lengths", "groups", "no_memory_check")
+MATRIX_KEYS = ("matrix", "models", "lengths", "groups", "no_memory_check", "skip_over_memory")
+OVER_MEMORY = "left out: over memory"  # a point --skip-over-memory does not run
 EMULATED_BF16 = ("this CPU has no native bf16 (grpo_exp.base.cpu.resolve_precision('auto') is {precision}): TRL's "
                  "bf16 defaults would run emulated, about 10x slower, so the trl-defaults baseline is left out of "
                  "every point")
@@ -56,7 +57,7 @@ class Point:
     dir: Path
     args: argparse.Namespace
     estimate: dict = field(default_factory=dict)
-    state: str = "new"  # new, measured (kept), failed (runs again)
+    state: str = "new"  # new, measured (kept), failed (runs again), OVER_MEMORY (--skip-over-memory)
 
     @property
     def label(self) -> str:
@@ -98,7 +99,8 @@ def point_args(args: argparse.Namespace, model: str, length: int, group: int, ba
     argv += ["--out", str(out)]
     values = {**vars(args), "model": model, "max_completion_length": length, "num_generations": group,
               "baseline": list(baselines), "out": str(out), "argv": argv, "page": None, "machine": None,
-              **{k: None for k in MATRIX_KEYS if k != "matrix"}, "matrix": False, "no_memory_check": False}
+              **{k: None for k in MATRIX_KEYS if k != "matrix"}, "matrix": False, "no_memory_check": False,
+              "skip_over_memory": False}
     return argparse.Namespace(**values)
 
 
@@ -160,13 +162,18 @@ def plan(args: argparse.Namespace, out: Path, baselines: list[str], free_mb: flo
     todo = [p for p in points if p.state != "measured"]
     free_mb = available_mb() if free_mb is None else free_mb
     over = sorted((p for p in todo if p.estimate["peak_mb"] > free_mb), key=lambda p: -p.estimate["peak_mb"])
+    if over and getattr(args, "skip_over_memory", False) and not args.no_memory_check:
+        for point in over:
+            point.state = OVER_MEMORY
+        return points
     if over and not args.no_memory_check:
         worst = over[0]
         raise MatrixError(
             f"point {worst.label} needs about {worst.estimate['peak_mb'] / 1024:.1f} GB by the estimate (grpo_exp/"
             f"analysis/bench/memory.py), over the {free_mb / 1024:.1f} GB this machine has available"
             + (f"; {len(over)} points are over" if len(over) > 1 else "")
-            + ": leave it out (--models, --lengths, --groups), lower --prompts-per-step, or give --no-memory-check")
+            + ": leave it out (--models, --lengths, --groups, or --skip-over-memory for every such point), lower "
+              "--prompts-per-step, or give --no-memory-check")
     return points
 
 
@@ -202,6 +209,10 @@ def run_matrix(args: argparse.Namespace, runner=None) -> int:
         if point.state == "measured":
             _say(f"{head}: measured already ({parent.shown(point.dir / 'bench.json')}), kept")
             continue
+        if point.state == OVER_MEMORY:
+            _say(f"{head}: left out (--skip-over-memory): estimated peak {point.estimate['peak_mb'] / 1024:.1f} GB, "
+                 f"over the {free_mb / 1024:.1f} GB available")
+            continue
         _say(f"{head}: start{' again (it failed before)' if point.state == 'failed' else ''} (estimated peak "
              f"{point.estimate['peak_mb'] / 1024:.1f} GB): grpo-bench {shlex.join(point.args.argv)}")
         t0 = time.time()
@@ -219,7 +230,7 @@ def run_matrix(args: argparse.Namespace, runner=None) -> int:
     if getattr(args, "page", None):
         page = matrix_report.write_page(report, out, args.page, args.machine)
         _say(f"results page: {page}")
-    return 0 if all(p["status"] == "ok" for p in report["points"]) else 1
+    return 0 if all(p["status"] in ("ok", OVER_MEMORY) for p in report["points"]) else 1
 
 
 def _load(point: Point) -> dict | None:
@@ -236,6 +247,8 @@ def point_row(point: Point, best: dict | None) -> dict:
     row = {"point": point.dir.name, "model": point.model, "length": point.length, "group": point.group,
            "dir": str(point.dir), "status": "not run", "estimate_mb": point.estimate.get("peak_mb"),
            "estimate": point.estimate}
+    if point.state == OVER_MEMORY:
+        return {**row, "status": OVER_MEMORY}
     report = _load(point)
     if report is None:
         return row
@@ -283,7 +296,8 @@ def matrix_json(args, points: list[Point], started: datetime, baselines: list[st
         row.pop("readings", None)
         rows.append(row)
     settings = {key: getattr(args, key) for key in (*(k for k, _ in PASSED), *(k for k, _ in PASSED_FLAGS),
-                                                    "override", "models", "lengths", "groups")}
+                                                    "override", "models", "lengths", "groups",
+                                                    "skip_over_memory") if hasattr(args, key)}
     return {"command": shlex.join(["grpo-bench", *getattr(args, "argv", sys.argv[1:])]),
             "commit": provenance.repo_commit(), "started": started.isoformat(timespec="seconds"),
             "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": provenance.versions(),

@@ -67,7 +67,8 @@ def table(report: dict) -> str:
     for p in report["points"]:
         cells = [f"`{p['point']}`", p["model"], str(p["length"]), str(p["group"])]
         if p["status"] != "ok":
-            what = ("not run" if p["status"] == "not run"
+            what = (p["status"] if p["status"] == "not run" else
+                    f"{p['status']} (estimated peak {p['estimate_mb'] / 1024:.1f} GB)" if p["status"].startswith("left out")
                     else f"FAILED ({', '.join(p.get('failed') or []) or 'no variant ran'})")
             lines.append("| " + " | ".join(cells + [what] + [""] * (head.count("|") - 6)) + " |")
             continue
