@@ -57,7 +57,7 @@ def verdict(n_seeds: int, p: float | None, interval: tuple[float, float] | None)
     """What a seed-level comparison shows: "not yet shown" under MIN_SEEDS seeds; else "beyond seed noise" when the
     t interval excludes 0 (p < 0.05), "within seed noise" when it does not."""
     if n_seeds < MIN_SEEDS or p is None or interval is None:
-        return f"not yet shown ({n_seeds} seeds; {MIN_SEEDS} needed)"
+        return f"not yet shown ({_seeds(n_seeds)}; {MIN_SEEDS} needed)"
     return "beyond seed noise" if interval[0] > 0 or interval[1] < 0 else "within seed noise"
 
 
@@ -94,7 +94,11 @@ def cell(result: dict) -> str:
     interval = f" [t {ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
     p = f" p {result['t_p']:.2g}" if result["t_p"] is not None else ""
     shown = result["verdict"].split(" (")[0]
-    return f"{result['diff']:+.3f}{interval}{p}, {result['seeds']} seeds: {shown}"
+    return f"{result['diff']:+.3f}{interval}{p}, {_seeds(result['seeds'])}: {shown}"
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def pooled_cell(result: dict) -> str:

@@ -169,15 +169,15 @@ def test_an_adaptive_run_is_a_method_scored_against_its_start_model_and_the_prog
     table = continual.continual_table(jobs, labels).set_index("method")
     row = table.loc["plain GRPO (adaptive curriculum)"]
     assert row["a final"] == "0.500" and row["b final"] == "0.750"
-    assert row["a gain"].startswith("+0.250, 1 seeds: not yet shown") and row["b gain"].startswith("+0.750, 1 seeds")
+    assert row["a gain"].startswith("+0.250, 1 seed: not yet shown") and row["b gain"].startswith("+0.750, 1 seed")
     assert row["BWT"] == "" and row["max forgetting"] == ""
     gains = continual.gains_by_job(jobs, labels)
     assert list(gains[gains["method"] == "plain GRPO (adaptive curriculum)"]["before"]) == ["0.250", "0.000"]
     versus = continual.against_baseline(jobs, labels)
     assert versus.iloc[0]["against"] == "plain GRPO, curriculum=progressive"
     # final models: a 1 of 4 (progressive forgot it) against 2 of 4; b 4 of 4 against 3 of 4
-    assert versus.iloc[0]["a final, difference"].startswith("+0.250, 1 seeds: not yet shown")
-    assert versus.iloc[0]["b final, difference"].startswith("-0.250, 1 seeds")
+    assert versus.iloc[0]["a final, difference"].startswith("+0.250, 1 seed: not yet shown")
+    assert versus.iloc[0]["b final, difference"].startswith("-0.250, 1 seed")
 
 
 @pytest.mark.slow  # a subprocess
