@@ -441,13 +441,17 @@ def evaluate_after_train(cfg, model, tokenizer, run_dir, start_model_dir: Path |
     return {**report["sets"], "before_after": {name: c for name, c in comparison["sets"].items()}}
 
 
-def validation_subset(cfg, stage, name: str | None = None) -> list[dict]:
-    """The first eval.every_limit problems of a stage's validation split: what is scored during training."""
+def validation_limit(cfg, stage) -> int:
+    """How many validation problems a periodic evaluation scores: eval.every_limit, at most a generated split."""
     from grpo_exp.core import data
 
     limit = cfg.eval.every_limit
-    if stage.dataset in data.LEVELS:
-        limit = min(limit, stage.num_validation)
+    return min(limit, stage.num_validation) if stage.dataset in data.LEVELS else limit
+
+
+def validation_subset(cfg, stage, name: str | None = None) -> list[dict]:
+    """The first eval.every_limit problems of a stage's validation split: what is scored during training."""
+    limit = validation_limit(cfg, stage)
     return held_out_split(stage, "validation", limit, cfg.train.seed, name)[:limit]
 
 

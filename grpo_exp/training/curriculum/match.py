@@ -16,7 +16,7 @@ from pathlib import Path
 from grpo_exp.base.errors import ConfigError
 from grpo_exp.base.io import read_jsonl
 from grpo_exp.base.run_files import CURRICULUM_FILE, HISTORY_FILE, stage_dir_name
-from grpo_exp.core.data import LEVELS
+from grpo_exp.evaluation.run import validation_limit
 from grpo_exp.training.run_dir import finished_metrics
 
 
@@ -47,9 +47,7 @@ def stage_target(cfg, stages: list[str], i: int, stage_cfg) -> float | None:
         raise ConfigError(f"{what}: its stage {stage} logged no periodic validation accuracy ({key} in "
                           f"{HISTORY_FILE}); it ran with eval.every_steps=null")
     # the first eval.every_limit validation problems, at most the split (evaluation/run.validation_subset)
-    scored, mine = rows[-1].get(f"eval/{stage}/n"), stage_cfg.eval.every_limit
-    if stage_cfg.stage.dataset in LEVELS:
-        mine = min(mine, stage_cfg.stage.num_validation)
+    scored, mine = rows[-1].get(f"eval/{stage}/n"), validation_limit(stage_cfg, stage_cfg.stage)
     if scored != mine:
         raise ConfigError(f"{what}: its stage {stage} scored {scored} validation problems during training "
                           f"(eval.every_limit) and this run would score {mine}; the accuracies compare on the same "
