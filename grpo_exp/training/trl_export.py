@@ -191,19 +191,26 @@ def _importable(func) -> str | None:
 
 def script_keys(cfg: DictConfig, notes: list[str], method: str = "grpo") -> dict[str, Any]:
     """TRL's ScriptArguments (the dataset) and GRPOScriptArguments (the reward functions; none for SFT)."""
-    from grpo_exp.core import rewards
-
-    stage = cfg.stage
     if method == "sft":
-        notes.append(f"dataset: the {stage.name} stage's training problems with their worked solutions as completions "
-                     f"(conversational prompt-completion rows, grpo_exp.training.sft.sft_dataset; seed "
+        notes.append(f"dataset: the {cfg.stage.name} stage's training problems with their worked solutions as "
+                     f"completions (conversational prompt-completion rows, grpo_exp.training.sft.sft_dataset; seed "
                      f"{cfg.train.seed}); TRL cannot generate them. Build that dataset (prompt: the chat messages, "
                      f"completion: the assistant's worked solution) and set dataset_name (or `datasets:`) to it. The "
                      f"loss is the completion's tokens only (completion_only_loss)")
-        if cfg.reward.system_prompt:
-            notes.append("system prompt: grpo-exp put reward.system_prompt before every question; the dataset's "
-                         "prompts must carry it: " + json.dumps(str(cfg.reward.system_prompt)))
-        return {"dataset_name": None, "dataset_config": None, "dataset_train_split": "train"}
+        keys: dict[str, Any] = {"dataset_name": None, "dataset_config": None, "dataset_train_split": "train"}
+    else:
+        keys = _grpo_script_keys(cfg, notes)
+    if cfg.reward.system_prompt:
+        notes.append("system prompt: grpo-exp put reward.system_prompt before every question; TRL's prompts must "
+                     "carry it: " + json.dumps(str(cfg.reward.system_prompt)))
+    return keys
+
+
+def _grpo_script_keys(cfg: DictConfig, notes: list[str]) -> dict[str, Any]:
+    """A GRPO run's dataset and reward-function keys, with their notes."""
+    from grpo_exp.core import rewards
+
+    stage = cfg.stage
     keys: dict[str, Any] = {"dataset_name": None, "dataset_config": None, "dataset_train_split": "train"}
     if stage.dataset == "prompts":
         if not stage.path:
@@ -236,9 +243,6 @@ def script_keys(cfg: DictConfig, notes: list[str], method: str = "grpo") -> dict
                     "dataset with an `answer` column" if all(paths) else
                     "Some are not importable by path (defined in a script), so reward_funcs is left out: give TRL "
                     "their import paths"))
-    if cfg.reward.system_prompt:
-        notes.append("system prompt: grpo-exp put reward.system_prompt before every question; TRL's prompts must "
-                     "carry it: " + json.dumps(str(cfg.reward.system_prompt)))
     return keys
 
 
@@ -313,9 +317,16 @@ def cannot_express(export: Export) -> list[str]:
     if export.curriculum is not None and cfg.curriculum.mode != "adaptive":
         lines.append(f"curriculum: this is the {cfg.stage.name} stage of the curriculum {export.curriculum}; TRL "
                      f"trains one stage: export each stage and run them in order, each from the previous one's output")
-    if sft:
-        return lines + (["on_nonfinite=skip: the run skipped updates with a NaN/inf loss; TRL stops or trains on"]
-                        if cfg.on_nonfinite == "skip" else [])
+    if not sft:  # an SFT stage neither samples nor scores: no rollout or speed plan applied
+        lines += _speed_plan_lines(plan)
+    if cfg.on_nonfinite == "skip":
+        lines.append("on_nonfinite=skip: the run skipped updates with a NaN/inf loss or reward; TRL stops or trains on")
+    return lines
+
+
+def _speed_plan_lines(plan: SpeedPlan) -> list[str]:
+    """What the speed plan computed that TRL's own path does not."""
+    lines = []
     if plan.generation == "engine":
         lines.append(f"rollout engine: grpo-exp sampled completions with its own engine (a {plan.rollout_dtype} copy "
                      f"of the policy, old log-probs from the {plan.old_logps}); TRL samples with `generate`. The "
@@ -330,8 +341,6 @@ def cannot_express(export: Export) -> list[str]:
             (["its LM-head log-prob kernel"] if plan.logprob_kernel == "autocast" else []) + shortcuts
         lines.append(f"speed plan: grpo-exp computed with {', '.join(parts)} (same recipe, other arithmetic); TRL "
                      f"uses transformers' attention and its own kernels")
-    if cfg.on_nonfinite == "skip":
-        lines.append("on_nonfinite=skip: the run skipped updates with a NaN/inf loss or reward; TRL stops or trains on")
     return lines
 
 
