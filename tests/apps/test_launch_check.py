@@ -73,7 +73,7 @@ MORE = [
     ("+hydra.foo=1", "Hydra's own settings"),
     ("+foo.bar=1", "unknown config key 'foo.bar'; valid:"),
     ("train.max_stepz=3",
-     "unknown config key 'train.max_stepz' (did you mean 'train.max_steps'?); valid keys under train: beta"),
+     "unknown config key 'train.max_stepz' (did you mean 'train.max_steps'?); valid keys under train: anytime, beta"),
     ("eval={limit:8}", "eval is a section"),
     ("+debug=smoke", "debug is a config group"),
     ("touch", "not an override of the form key=value"),
