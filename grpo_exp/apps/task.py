@@ -19,7 +19,6 @@ log to `<run dir>/<task>.rank<r>.log`.
 from __future__ import annotations
 
 import json
-
 import sys
 import time
 import traceback

@@ -162,7 +162,7 @@ def plan(args: argparse.Namespace, out: Path, baselines: list[str], free_mb: flo
     todo = [p for p in points if p.state != "measured"]
     free_mb = available_mb() if free_mb is None else free_mb
     over = sorted((p for p in todo if p.estimate["peak_mb"] > free_mb), key=lambda p: -p.estimate["peak_mb"])
-    if over and getattr(args, "skip_over_memory", False) and not args.no_memory_check:
+    if over and args.skip_over_memory and not args.no_memory_check:
         for point in over:
             point.state = OVER_MEMORY
         return points
@@ -297,7 +297,7 @@ def matrix_json(args, points: list[Point], started: datetime, baselines: list[st
         rows.append(row)
     settings = {key: getattr(args, key) for key in (*(k for k, _ in PASSED), *(k for k, _ in PASSED_FLAGS),
                                                     "override", "models", "lengths", "groups",
-                                                    "skip_over_memory") if hasattr(args, key)}
+                                                    "skip_over_memory")}
     return {"command": shlex.join(["grpo-bench", *getattr(args, "argv", sys.argv[1:])]),
             "commit": provenance.repo_commit(), "started": started.isoformat(timespec="seconds"),
             "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": provenance.versions(),

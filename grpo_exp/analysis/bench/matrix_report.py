@@ -14,6 +14,7 @@ from grpo_exp.analysis import provenance
 from grpo_exp.analysis.bench.floor import moved_line
 from grpo_exp.analysis.bench.page import provenance_lines
 from grpo_exp.analysis.bench.parent import shown
+from grpo_exp.analysis.bench.matrix import OVER_MEMORY
 from grpo_exp.analysis.bench.tables import fmt
 
 # the variants as the matrix names them (bench.json's names), and as its columns and legends show them
@@ -68,7 +69,7 @@ def table(report: dict) -> str:
         cells = [f"`{p['point']}`", p["model"], str(p["length"]), str(p["group"])]
         if p["status"] != "ok":
             what = (p["status"] if p["status"] == "not run" else
-                    f"{p['status']} (estimated peak {p['estimate_mb'] / 1024:.1f} GB)" if p["status"].startswith("left out")
+                    f"{p['status']} (estimated peak {p['estimate_mb'] / 1024:.1f} GB)" if p["status"] == OVER_MEMORY
                     else f"FAILED ({', '.join(p.get('failed') or []) or 'no variant ran'})")
             lines.append("| " + " | ".join(cells + [what] + [""] * (head.count("|") - 6)) + " |")
             continue
