@@ -26,6 +26,7 @@ from pathlib import Path
 from grpo_exp.analysis import provenance
 from grpo_exp.analysis.bench import memory, parent
 from grpo_exp.analysis.bench.floor import machine_info, probe_summary, step_floor
+from grpo_exp.analysis.bench.matrix_report import OVER_MEMORY
 
 DEFAULT_MODELS = ("smollm2_135m", "gemma3_270m")
 DEFAULT_LENGTHS = (64, 256)
@@ -39,7 +40,6 @@ PASSED_FLAGS = (("fixed_length", "--fixed-length"), ("profile", "--profile"))
 SAME = ("model", "max_completion_length", "num_generations", "baseline", "override", "fixed_length", "profile",
         *(key for key, _ in PASSED))
 MATRIX_KEYS = ("matrix", "models", "lengths", "groups", "no_memory_check", "skip_over_memory")
-OVER_MEMORY = "left out: over memory"  # a point --skip-over-memory does not run
 EMULATED_BF16 = ("this CPU has no native bf16 (grpo_exp.base.cpu.resolve_precision('auto') is {precision}): TRL's "
                  "bf16 defaults would run emulated, about 10x slower, so the trl-defaults baseline is left out of "
                  "every point")

@@ -14,8 +14,9 @@ from grpo_exp.analysis import provenance
 from grpo_exp.analysis.bench.floor import moved_line
 from grpo_exp.analysis.bench.page import provenance_lines
 from grpo_exp.analysis.bench.parent import shown
-from grpo_exp.analysis.bench.matrix import OVER_MEMORY
 from grpo_exp.analysis.bench.tables import fmt
+
+OVER_MEMORY = "left out: over memory"  # the status of a point --skip-over-memory did not run
 
 # the variants as the matrix names them (bench.json's names), and as its columns and legends show them
 LABELS = {"grpo-exp": "grpo-exp", "baseline": "TRL fp32", "trl-defaults": "TRL defaults"}
