@@ -163,6 +163,26 @@ def apply_malloc(policy: Any) -> str:
     return "retain"
 
 
+def release_freed_memory() -> bool:
+    """Give the pages of every free block back to the kernel (glibc's malloc_trim(0)), where one stage or job of a
+    process has ended and the next has not begun. Under retain nothing else does: the blocks a finished stage freed
+    (its model, optimizer, trainer and evaluation copies) would stay resident for the rest of the process, and the
+    next stage, whose tensors have other sizes, would grow the heap beside them. The address space stays; a page used
+    again is faulted in again, once per stage instead of once per step. Under glibc's own policy it gives back the
+    free pages inside the heap, which glibc trims only at its top. False where the C library is not glibc or nothing
+    was released."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    import gc
+
+    # cycles (a trainer and its callbacks) hold tensors until collected; the second pass takes what the first one's
+    # weakref callbacks let go (a model's decoder, evaluation/fast_decode.py)
+    gc.collect()
+    gc.collect()
+    return bool(libc.malloc_trim(0))
+
+
 def apply(cpu_cfg) -> dict:
     """Set intra-op/inter-op threads and the malloc policy; returns what was applied (recorded in
     metrics.json), which `applied()` gives to later readers (the run's logger names its threads)."""

@@ -27,7 +27,6 @@ import copy
 import functools
 import inspect
 import time
-import types
 import weakref
 from collections.abc import Iterator
 
@@ -36,6 +35,7 @@ import torch
 from grpo_exp.base import log, stop
 from grpo_exp.base.cpu import compiler_missing
 from grpo_exp.kernels import attention
+from grpo_exp.kernels.compiled_step import compile_own_step
 
 logger = log.get_logger(__name__)
 
@@ -150,12 +150,21 @@ def unsupported_reason(model) -> str | None:
     return attention.unsupported_reason(model) or static_cache_unsupported(config)
 
 
+def drop_forward_wrappers(shell: torch.nn.Module) -> None:
+    """Take accelerate's autocast wrapper (`forward`) and the method it saved (`_original_forward`) off a deep copy of
+    a model prepared for training: their closures hold the original model, so a copy that kept them would keep it
+    alive, and a decoder (kept in a weak dictionary under that model) its model for good. The copy runs its class's
+    forward."""
+    for name in ("forward", "_original_forward"):
+        shell.__dict__.pop(name, None)
+
+
 def _shared_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` whose parameters are the model's own tensors (tied ones stay tied) and whose attention is
     grouped: the model's own attention setting and its training state are left as they are."""
     memo = {id(p): torch.nn.Parameter(p.detach(), requires_grad=False) for p in model.parameters()}
     shell = copy.deepcopy(model, memo)
-    shell.__dict__.pop("forward", None)  # accelerate's autocast wrapper, if the model was prepared for training
+    drop_forward_wrappers(shell)
     shell.eval()
     attention.use(shell, "grouped", whole_sums=True)
     return shell
@@ -185,8 +194,8 @@ class GreedyDecoder:
         self._compiled: set[int] = set()  # the cache lengths the step was compiled for
         if self.compiled:
             # without dynamo's guards on the copy's modules, which nothing changes (as the rollout engine's step)
-            self._step = torch.compile(self._own_step(), dynamic=False, fullgraph=True,
-                                       options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+            self._step = compile_own_step(self, GreedyDecoder._eager_step, dynamic=False, fullgraph=True, options={
+                "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         else:
             self._step = self._eager_step
             # for lack of a compiler a larger model decodes slower than it could: say so; chosen, not
@@ -211,13 +220,6 @@ class GreedyDecoder:
         self._cache, self._prefix = None, None
 
     # ------------------------------------------------------------------------------------------------ decoding
-
-    def _own_step(self):
-        """`_eager_step` through a code object of this decoder's own: dynamo keeps what it compiled on the code
-        object it traced, and without module guards another decoder would match this one's compiled step."""
-        fn = GreedyDecoder._eager_step
-        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        return types.MethodType(own, self)
 
     def _eager_step(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """Next-token logits (fp32) after the last position of every row: the head on a 2-D hidden state, in slices

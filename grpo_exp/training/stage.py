@@ -155,7 +155,10 @@ def _train_locked(cfg, run_dir: Path, step_offset: int, pools: dict[str, Any] | 
             _validation_start(cfg, run_dir)
         return finished
     started = time.time()
-    reset_peak_rss()  # this stage's peak, not the process's (sweep jobs share one process)
+    # an earlier stage or job of this process (a curriculum, a sweep) gives its memory back first, and this stage's
+    # peak is its own, not the process's
+    cpu.release_freed_memory()
+    reset_peak_rss()
 
     threads = cpu.apply(cfg.cpu)
     parts = prepare(cfg, pools)

@@ -125,6 +125,36 @@ def test_malloc_retain_reuses_freed_memory_and_changes_no_number(tmp_path):
     assert runs["retain"]["losses"] == runs["glibc"]["losses"]
 
 
+_RELEASE_RUN = """
+import json, psutil, torch
+from grpo_exp.base import cpu
+
+def rss_mb():
+    return psutil.Process().memory_info().rss / 2**20
+
+cpu.apply_malloc("retain")
+# a stage's worth of tensors of many sizes, touched, then freed: under retain they stay resident
+blocks = [torch.ones(2**20 + 4096 * i) for i in range(64)]  # about 270 MB
+held = rss_mb()
+del blocks
+freed = rss_mb()
+released = cpu.release_freed_memory()
+print(json.dumps({"held": held, "freed": freed, "after": rss_mb(), "released": released}))
+"""
+
+
+@pytest.mark.slow  # a process of its own: retain, once set, stays for the process
+@pytest.mark.skipif(cpu._glibc() is None, reason="malloc_trim is glibc's; this C library keeps its own policy")
+def test_release_gives_memory_kept_by_retain_back_between_stages():
+    """What a finished stage freed stays resident under retain until release_freed_memory, which every stage and
+    every matrix evaluation of a curriculum calls first: then it goes back to the kernel."""
+    proc = subprocess.run([sys.executable, "-c", _RELEASE_RUN], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mb = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert mb["freed"] > mb["held"] - 20, mb  # retain: nothing went back when the tensors were freed
+    assert mb["released"] and mb["after"] < mb["freed"] - 200, mb
+
+
 def test_bad_malloc_policy_is_a_config_error():
     with pytest.raises(ConfigError, match="cpu.malloc='jemalloc'.*auto, retain, glibc"):
         cpu.apply_malloc("jemalloc")

@@ -260,6 +260,26 @@ def test_a_decoder_goes_with_its_model(tiny_model):
     assert gone() is None
 
 
+def test_a_decoder_goes_with_a_model_accelerate_prepared(tiny_model):
+    """The trainer's policy, prepared by accelerate for bf16 autocast, carries a forward wrapper and the method it
+    saved, whose closures hold the model: a decoder copy that kept them kept the policy, its decoder and the copy's
+    parameters alive for the rest of the process (one model more after every stage of a curriculum)."""
+    import weakref
+
+    from accelerate import Accelerator
+
+    model, tokenizer = copy.deepcopy(tiny_model)
+    model = Accelerator(mixed_precision="bf16", cpu=True).prepare_model(model)
+    assert {"forward", "_original_forward"} <= set(model.__dict__)
+    _complete(model, tokenizer, 4)
+    gone, decoder = weakref.ref(model), weakref.ref(fast_decode._DECODERS[model])
+    assert "_original_forward" not in decoder().model.__dict__
+    del model
+    gc.collect()
+    gc.collect()  # the decoder leaves the weak dictionary as the first pass collects its model
+    assert gone() is None and decoder() is None
+
+
 def test_shared_prefix_length():
     assert fast_decode.shared_prefix_length([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
     assert fast_decode.shared_prefix_length([[1, 2, 3]]) == 2  # the last token is each prompt's own

@@ -7,13 +7,12 @@ decoding gives one model one answer per problem whatever else the job trains."""
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import logging
 from pathlib import Path
 
-from grpo_exp.base import dist
+from grpo_exp.base import cpu, dist
 from grpo_exp.base.commit import AT_START, is_dirty
 from grpo_exp.base.run_files import CURRICULUM_FILE
 from grpo_exp.base.text import markdown_table
@@ -45,7 +44,7 @@ def evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list, 
                                     decode=stage_cfg.eval.get("decode", "auto"))
         results.append((metrics, [int(s["correct"]) for s in samples]))
     del model
-    gc.collect()
+    cpu.release_freed_memory()  # the model, its decoder copy and its evaluation caches, before the next stage
     return results
 
 

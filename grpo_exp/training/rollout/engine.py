@@ -23,15 +23,15 @@ import copy
 import functools
 import inspect
 import time
-import types
 
 import torch
 
 from grpo_exp.base import log, stop
 from grpo_exp.base.cpu import compiler_missing
 from grpo_exp.config.speed import ROLLOUT_SAMPLERS
-from grpo_exp.evaluation.fast_decode import plain_cache, static_cache_unsupported
+from grpo_exp.evaluation.fast_decode import drop_forward_wrappers, plain_cache, static_cache_unsupported
 from grpo_exp.kernels import attention, packed_linear, small_rows
+from grpo_exp.kernels.compiled_step import compile_own_step
 from grpo_exp.training import shared_prefix
 
 logger = log.get_logger(__name__)
@@ -74,7 +74,7 @@ def rollout_copy(model: torch.nn.Module, dtype: torch.dtype, autocast: bool = Fa
     head = shell.get_output_embeddings()
     if autocast and head.weight.dtype != dtype:
         head.weight = torch.nn.Parameter(head.weight.detach().to(dtype, copy=True), requires_grad=False)
-    shell.__dict__.pop("forward", None)  # accelerate's autocast wrapper, if the model was prepared already
+    drop_forward_wrappers(shell)  # accelerate's autocast wrapper, if the model was prepared already
     shell.eval()
     attention.use(shell, "grouped", attention_decode)  # decoding steps laid out as speed.attention_decode says
     return shell
@@ -134,8 +134,9 @@ class RolloutEngine:
             # each decoding step (docs/log.md, "2026-11-29 — around the decoding step's kernels"). Nothing changes a
             # module of the copy after it is built (refresh and release change tensor contents and storages in
             # place); the guards on the step's own inputs (shapes, the cache) and on global state stay.
-            self._step = torch.compile(self._own_step(), dynamic=False, backend=backend,
-                                       options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+            # compiled for this engine alone (kernels/compiled_step.py)
+            self._step = compile_own_step(self, RolloutEngine._eager_step, dynamic=False, backend=backend,
+                                          options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
             self.compiled = True
             logger.debug("rollout engine: %s copy of the policy%s, decoding step compiled with torch.compile "
                          "(inductor); the first round includes compilation", self.label, self._packed_note)
@@ -254,18 +255,6 @@ class RolloutEngine:
                                 use_cache=True, **{self._cache_kwarg: cache})
             hidden = out.last_hidden_state[:, -1]
             return self.head(hidden).float()
-
-    def _own_step(self):
-        """`_eager_step` bound to this engine through a code object of its own.
-
-        Why: dynamo keeps what it compiled on the code object it traced, and the step is compiled without guards
-        on the copy's modules. Another engine in the same process (a sweep's next job under Hydra's basic launcher)
-        then matched this engine's compiled step, with this engine's module constants (its packed layers' slots)
-        baked in: it failed on a released slot and decoded eager from then on. An engine's own code object keeps
-        its own."""
-        fn = RolloutEngine._eager_step
-        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        return types.MethodType(own, self)
 
     def _eager_step(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """One decoding step: the next-token logits (fp32) of every row."""
