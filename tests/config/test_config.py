@@ -179,14 +179,16 @@ def test_intermediate_from_basic_experiment_composes_the_runs_the_readme_reports
 
 def test_ewc_lambda_experiment_is_the_ladder_scored_on_validation(tmp_path):
     # docs/results/superseded/ewc-lambda.md ran `experiment=ladder eval.split=validation` and its branches; the experiment
-    # that documents the choice must compose those runs, and differ from the ladder only in split and lambda
+    # that documents the choice must compose those runs, and differ from the ladder only in split, lambda and the
+    # study's Fisher sample count (conf/method/ewc.yaml's, which the chosen lambda serves)
     params = OmegaConf.load(CONF_DIR / "experiment" / "ewc_lambda.yaml").hydra.sweeper.params
     assert params["ewc.lambda"] == "0,0.1,1,10,100"  # the normalised Fisher's scale (ewc.fisher_norm=mean)
     for lam in (0, 0.1, 1, 10, 100):
         job = compose_cfg(["experiment=ewc_lambda", f"ewc.lambda={lam}"], tmp_path)
         # the ladder keeps the raw Fisher its recorded runs had; the choice is made on the normalised one
-        ran = compose_cfg(["experiment=ladder", "eval.split=validation", f"ewc.lambda={lam}", "ewc.fisher_norm=mean"],
-                          tmp_path)
+        ran = compose_cfg(["experiment=ladder", "eval.split=validation", f"ewc.lambda={lam}", "ewc.fisher_norm=mean",
+                           "ewc.fisher_samples=128"], tmp_path)
+        assert job.ewc.fisher_samples == compose_cfg(["method=ewc"], tmp_path).ewc.fisher_samples
         assert job.eval.split == "validation"
         for group in ("stage", "train", "eval", "ewc", "reward", "curriculum", "model"):
             assert job[group] == ran[group], group
@@ -243,6 +245,7 @@ def test_replay_share_experiment_is_plain_grpo_on_the_validation_ladder(tmp_path
         job = compose_cfg(["experiment=replay_share", f"curriculum.replay={share}"], tmp_path)
         assert job.curriculum.replay == share and job.ewc["lambda"] == 0
         job.curriculum.replay = plain.curriculum.replay
+        job.ewc.fisher_samples = plain.ewc.fisher_samples  # at lambda 0 no Fisher is estimated (stage.py)
         for group in ("stage", "train", "eval", "ewc", "reward", "curriculum", "model"):
             assert job[group] == plain[group], group
 
