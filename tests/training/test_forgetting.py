@@ -47,6 +47,30 @@ def test_kl_estimate_matches_the_exact_token_kl(tiny_model):
     assert torch.allclose(completion_logps(model, ref), ref.logps, atol=1e-5)
 
 
+def test_completion_log_probs_are_the_whole_log_softmax_s(tiny_model):
+    """The lean path (the head on the completion's positions, logit minus log-sum-exp a few rows at a time) gives
+    the log-probs of the whole sequence's log-softmax, with and without logits_to_keep."""
+    from grpo_exp.training import forgetting
+
+    model, tokenizer = tiny_model
+    ref = _reference(model, tokenizer)
+    width = ref.completion_mask.shape[1]
+    with torch.no_grad():
+        whole = torch.log_softmax(model(input_ids=ref.input_ids, attention_mask=ref.attention_mask).logits.float(), -1)
+    expected = whole[:, -width - 1:-1].gather(-1, ref.input_ids[:, -width:].unsqueeze(-1)).squeeze(-1)
+    assert forgetting._keeps_logits(type(model))
+    assert torch.allclose(completion_logps(model, ref, batch_size=7), expected, atol=1e-5)
+
+    class NoKeep(type(model)):  # a model whose forward takes no logits_to_keep
+        def forward(self, input_ids=None, attention_mask=None):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask)
+
+    plain = NoKeep(model.config)
+    plain.load_state_dict(model.state_dict())
+    assert not forgetting._keeps_logits(NoKeep)
+    assert torch.allclose(completion_logps(plain, ref), expected, atol=1e-5)
+
+
 def test_sampling_the_reference_leaves_the_training_random_state_as_it_found_it(tiny_model):
     """The reference is sampled after the trainer is built and before its first step: a run that tracks forgetting
     must train the model a run without it trains, so the sampling's seeding may not leak into the global state."""
