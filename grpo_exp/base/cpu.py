@@ -172,7 +172,7 @@ def release_freed_memory() -> bool:
     free pages inside the heap, which glibc trims only at its top. False where the C library is not glibc or nothing
     was released."""
     libc = _glibc()
-    if libc is None or not hasattr(libc, "malloc_trim"):
+    if libc is None:
         return False
     import gc
 

@@ -103,8 +103,8 @@ def completion_logps(model, ref: Reference, batch_size: int = 32) -> torch.Tenso
     """log p_model of each reference completion token (teacher forcing), fp32, [n, completion length].
 
     The LM head runs on the completion's positions only (`logits_to_keep`), and each token's log-prob is its logit
-    minus the log-sum-exp over the vocabulary, a few rows at a time: the whole sequence's log-softmax over a 49k
-    vocabulary raised a stage's peak by about 3 GB at 32 completions."""
+    minus the log-sum-exp over the vocabulary, a few rows at a time, so that no vocabulary-wide tensor of the whole
+    batch's sequences is held at once (it set a later stage's peak: docs/log.md, 2026-12-07)."""
     was_training = model.training
     model.eval()
     device = model_device(model)
