@@ -1,4 +1,5 @@
-"""`python scripts/eval_decode_time.py [--rounds 2] [--threads 2] [--limit 200] [--stage basic] [--batch 32]`: greedy
+"""`python scripts/eval_decode_time.py [--rounds 2] [--threads 2] [--limit 200] [--stage basic] [--batch 32]
+[--init-from RUN] [--profile]`: greedy
 evaluation through HF `generate` against the engine path (`eval.decode=generate|engine`, evaluation/fast_decode.py)
 on the default run's evaluation: the default model, the first `--limit` test problems of the stage, at the stage's
 completion length and eval.batch_size.
@@ -8,7 +9,14 @@ The two paths run interleaved (generate, engine, generate, engine, ...) in one p
 and compiling its decoding step (once per model and process; inductor's on-disk cache shortens it in later
 processes): that round's compile seconds are printed apart, and the warm rounds are what later evaluations of the
 model cost. Each round's completions are compared with generate's first round. Prints one line per round and a
-summary; writes eval_decode_time.json into --out (default outputs/eval_decode_time/<timestamp>)."""
+summary; writes eval_decode_time.json into --out (default outputs/eval_decode_time/<timestamp>).
+
+The engine's rounds are also set against the machine's floor, as grpo-bench sets a training step against it: the
+GEMM peak (fp32: the path decodes fp32 weights) and memory bandwidth measured before and after the rounds (best
+reading), and the work the decoder counted (prompt tokens prefilled, decoding steps and the rows each step held).
+Floor = the Linear layers' products at the GEMM peak (prefill and every row of every decoding step), or one read of
+their weights per decoding step at the memory bandwidth, whichever is longer; attention and the rest are left out,
+so it is a lower bound. Each engine round prints its prefill and decoding seconds and its wall time as x floor."""
 
 from __future__ import annotations
 
@@ -31,6 +39,10 @@ def main() -> None:
     parser.add_argument("--stage", default="basic")
     parser.add_argument("--batch", type=int, default=32, help="eval.batch_size")
     parser.add_argument("--model", default="smollm2_135m", help="a conf/model option")
+    parser.add_argument("--init-from", default=None, help="a run directory (or its model/) whose weights to score "
+                        "instead of the base model's, e.g. a trained run's, whose answers are shorter")
+    parser.add_argument("--profile", action="store_true", help="one more engine round under torch.profiler: its "
+                        "ops by self CPU time, printed and written as profile.txt")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.rounds < 1 or args.limit < 1 or args.batch < 1:
@@ -49,11 +61,16 @@ def main() -> None:
     from grpo_exp.evaluation.generate import evaluate
 
     cpu.apply(cfg.cpu)
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0)
+    weights = args.init_from and (Path(args.init_from) / "model" if (Path(args.init_from) / "model").is_dir()
+                                  else Path(args.init_from))
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0, init_from=weights or None)
     examples = stage_split(cfg.stage, "test", cfg.train.seed)[:args.limit]
     max_new = int(cfg.train.max_completion_length)
     logger.info("%s, %d %s test problems, %d new tokens, batch %d, %d threads", args.model, len(examples),
                 args.stage, max_new, args.batch, torch.get_num_threads())
+    from grpo_exp.analysis.bench.floor import machine_limits, probe_summary
+
+    probes = [machine_limits(torch.get_num_threads())]
     rounds, reference = [], None
     for r in range(args.rounds):
         for decode in ("generate", "engine"):
@@ -65,13 +82,34 @@ def main() -> None:
             reference = reference or completions
             decoder = fast_decode._DECODERS.get(model) if decode == "engine" else None
             compile_s = decoder.timings.pop("compile_s", 0.0) if decoder is not None else 0.0
+            work = {k: decoder.timings.get(k) for k in WORK} if decoder is not None else {}
             row = {"round": r + 1, "decode": decode, "wall_s": round(wall, 2),
                    "generation_s": round(metrics["generation_s"], 2), "compile_s": round(compile_s, 2),
                    "accuracy": metrics["accuracy"], "decoded_by": metrics["decoded_by"],
-                   "differ_from_generate": sum(a != b for a, b in zip(reference, completions))}
+                   "differ_from_generate": sum(a != b for a, b in zip(reference, completions)), **work}
             rounds.append(row)
             logger.info("round %d %-8s %7.1f s wall (%.1f s compiling), accuracy %.3f, %d completions differ from "
                         "generate's", r + 1, decode, wall, compile_s, metrics["accuracy"], row["differ_from_generate"])
+    profile = None
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile as profiler
+
+        with profiler(activities=[ProfilerActivity.CPU]) as prof:
+            evaluate(model, tokenizer, examples, system_prompt=cfg.reward.system_prompt, max_new_tokens=max_new,
+                     batch_size=args.batch, decode="engine", desc="profiled")
+        profile = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        logger.info("the engine's round under torch.profiler, by self CPU time:\n%s", profile)
+    probes.append(machine_limits(torch.get_num_threads()))
+    machine = probe_summary(probes)
+    linear = linear_parameters(model)
+    for row in rounds:
+        if row["decode"] == "engine":
+            row.update(floor(row, linear, machine["best"]))
+            logger.info("round %d engine: prefill %.1f s (%d tokens), decoding %.1f s (%d steps, %d row-steps), "
+                        "floor %.1f s (compute %.1f, memory %.1f): %.1fx the floor without compiling", row["round"],
+                        row["prefill_s"], row["prefill_tokens"], row["decode_s"] - row["compile_s"],
+                        row["decode_steps"], row["row_steps"], row["floor_s"], row["floor_compute_s"],
+                        row["floor_memory_s"], row["x_floor"])
     generate = [x["wall_s"] for x in rounds if x["decode"] == "generate"]
     engine = [x["wall_s"] - x["compile_s"] for x in rounds if x["decode"] == "engine"]
     first = next(x for x in rounds if x["decode"] == "engine")
@@ -86,8 +124,32 @@ def main() -> None:
     out = Path(args.out or ROOT / "outputs" / "eval_decode_time" / time.strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval_decode_time.json").write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(),
+                                                           "machine": machine, "linear_parameters": linear,
                                                            "rounds": rounds, "summary": summary}, indent=2))
+    if profile is not None:
+        (out / "profile.txt").write_text(profile + "\n")
     logger.info("wrote %s", out / "eval_decode_time.json")
+
+
+WORK = ("prefill_s", "decode_s", "prefill_tokens", "decode_steps", "row_steps")  # GreedyDecoder's counts of a call
+
+
+def linear_parameters(model) -> int:
+    """The weights the decoder multiplies each token by: every Linear layer's (the LM head's included, tied or not)."""
+    import torch
+
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def floor(row: dict, linear: int, best: dict) -> dict:
+    """An engine round's least time at the machine's best probe (fp32 weights): its products at the GEMM peak, or one
+    read of the weights per decoding step, whichever is longer."""
+    flops = 2 * linear * (row["prefill_tokens"] + row["row_steps"])
+    compute = flops / (best["gemm_gflops"]["fp32"] * 1e9)
+    memory = row["decode_steps"] * linear * 4 / (best["read_gb_s"] * 1e9)
+    least = max(compute, memory)
+    return {"floor_compute_s": round(compute, 2), "floor_memory_s": round(memory, 2), "floor_s": round(least, 2),
+            "x_floor": round((row["wall_s"] - row["compile_s"]) / least, 2)}
 
 
 if __name__ == "__main__":

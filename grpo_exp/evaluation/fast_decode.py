@@ -241,7 +241,8 @@ class GreedyDecoder:
         length (less padding in the prefill, and similar problems, whose answers end alike, together); every batch
         shares the prompts' common prefix (computed once) and one cache length; the call's memory goes back at
         the end."""
-        self.timings["prefill_s"] = 0.0
+        # this call's time and work (scripts/eval_decode_time.py sets them against the machine's floor)
+        self.timings.update(prefill_s=0.0, decode_s=0.0, decode_steps=0, row_steps=0, prefill_tokens=0)
         prefix = shared_prefix_length(prompts)
         if self.window is not None and max(len(p) for p in prompts) + max_new_tokens > self.window:
             # past a sliding window the padding between the shared prefix and a row's own part would count in the
@@ -322,6 +323,8 @@ class GreedyDecoder:
         attention_mask = torch.ones((rows, length), dtype=torch.long)
         attention_mask[:, :width] = prompt_mask
         self.timings["prefill_s"] = self.timings.get("prefill_s", 0.0) + time.perf_counter() - t0
+        self.timings["prefill_tokens"] = self.timings.get("prefill_tokens", 0) + int(prompt_mask[:, prefix:].sum())
+        t1 = time.perf_counter()
 
         eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long)
         tokens = torch.full((rows, max_new_tokens), pad_token_id, dtype=torch.long)
@@ -343,6 +346,9 @@ class GreedyDecoder:
                 self._compact(cache, keep)
             logits = self._call_step(token[:, None], position, attention_mask, cache)
             position = position + 1
+            self.timings["decode_steps"] = self.timings.get("decode_steps", 0) + 1
+            self.timings["row_steps"] = self.timings.get("row_steps", 0) + len(token)
+        self.timings["decode_s"] = self.timings.get("decode_s", 0.0) + time.perf_counter() - t1
         return tokens[:, :steps]
 
     def _static_cache(self, prefilled, length: int):

@@ -97,6 +97,25 @@ def test_engine_tokens_do_not_depend_on_the_batch_size_and_are_generate_s(model)
     assert {len(r) for r in found[7]} != {16}  # some rows ended early
 
 
+def test_a_call_counts_the_work_it_did(model):
+    """The decoder's counts of one call (scripts/eval_decode_time.py sets them against the machine's floor): every
+    prompt token past the shared prefix prefilled once, one decoding step per new token after the first of each batch,
+    and the rows each step held, fewer once finished rows are dropped."""
+    model, _ = model
+    prompts = _token_prompts()
+    decoder = fast_decode.decoder_for(model)
+    ends = _ends(model, prompts)[1]
+    steps = 0
+    for _, new, _ in decoder.batches(prompts, rows=4, max_new_tokens=16, eos_token_ids=ends, pad_token_id=0):
+        steps += new.shape[1] - 1  # the first token comes from the prefill's logits
+    work = decoder.timings
+    prefix = fast_decode.shared_prefix_length(prompts)
+    assert work["prefill_tokens"] == sum(len(p) - prefix for p in prompts)
+    assert work["decode_steps"] == steps
+    assert steps * 2 <= work["row_steps"] <= steps * 4  # batches of 4 and 3 rows, never fewer than 2
+    assert work["prefill_s"] > 0 and work["decode_s"] > 0
+
+
 def test_engine_path_scores_as_generate_does_on_the_tiny_model(model):
     engine, generate = _complete(*model, 3, "engine"), _complete(*model, 3, "generate")
     assert engine == generate
