@@ -14,9 +14,9 @@ summary; writes eval_decode_time.json into --out (default outputs/eval_decode_ti
 The engine's rounds are also set against the machine's floor, as grpo-bench sets a training step against it: the
 GEMM peak (fp32: the path decodes fp32 weights) and memory bandwidth measured before and after the rounds (best
 reading), and the work the decoder counted (prompt tokens prefilled, decoding steps and the rows each step held).
-Floor = the Linear layers' products at the GEMM peak (prefill and every row of every decoding step), or one read of
-their weights per decoding step at the memory bandwidth, whichever is longer; attention and the rest are left out,
-so it is a lower bound. Each engine round prints its prefill and decoding seconds and its wall time as x floor."""
+Floor = the Linear layers' products at the GEMM peak (the body on every prompt token and every row of every decoding
+step, the LM head on each decoded row and each prompt's last), or one read of their weights per decoding step at the
+memory bandwidth, whichever is longer; attention and the rest are left out, so it is a lower bound. Each engine round prints its prefill and decoding seconds and its wall time as x floor."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def main() -> None:
     linear = linear_parameters(model)
     for row in rounds:
         if row["decode"] == "engine":
-            row.update(floor(row, linear, machine["best"]))
+            row.update(floor(row, linear, len(examples), machine["best"]))
             logger.info("round %d engine: prefill %.1f s (%d tokens), decoding %.1f s (%d steps, %d row-steps), "
                         "floor %.1f s (compute %.1f, memory %.1f): %.1fx the floor without compiling", row["round"],
                         row["prefill_s"], row["prefill_tokens"], row["decode_s"] - row["compile_s"],
@@ -134,19 +134,23 @@ def main() -> None:
 WORK = ("prefill_s", "decode_s", "prefill_tokens", "decode_steps", "row_steps")  # GreedyDecoder's counts of a call
 
 
-def linear_parameters(model) -> int:
-    """The weights the decoder multiplies each token by: every Linear layer's (the LM head's included, tied or not)."""
+def linear_parameters(model) -> dict:
+    """The weights the decoder multiplies a token by: every Linear layer's (`all`, the LM head's included, tied or
+    not) and the LM head's alone (`head`: the prefill applies it to each prompt's last position only)."""
     import torch
 
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    head = model.get_output_embeddings().weight.numel()
+    return {"all": sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)), "head": head}
 
 
-def floor(row: dict, linear: int, best: dict) -> dict:
-    """An engine round's least time at the machine's best probe (fp32 weights): its products at the GEMM peak, or one
-    read of the weights per decoding step, whichever is longer."""
-    flops = 2 * linear * (row["prefill_tokens"] + row["row_steps"])
+def floor(row: dict, linear: dict, prompts: int, best: dict) -> dict:
+    """An engine round's least time at the machine's best probe (fp32 weights): its products at the GEMM peak (the
+    body on every prefilled token and decoded row, the head on each decoded row and each prompt's last position),
+    or one read of the weights per decoding step, whichever is longer."""
+    body = linear["all"] - linear["head"]
+    flops = 2 * (body * (row["prefill_tokens"] + row["row_steps"]) + linear["head"] * (row["row_steps"] + prompts))
     compute = flops / (best["gemm_gflops"]["fp32"] * 1e9)
-    memory = row["decode_steps"] * linear * 4 / (best["read_gb_s"] * 1e9)
+    memory = row["decode_steps"] * linear["all"] * 4 / (best["read_gb_s"] * 1e9)
     least = max(compute, memory)
     return {"floor_compute_s": round(compute, 2), "floor_memory_s": round(memory, 2), "floor_s": round(least, 2),
             "x_floor": round((row["wall_s"] - row["compile_s"]) / least, 2)}
