@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from grpo_exp.base.run_files import STATUS_FILE
-from grpo_exp.analysis.seed_summary import DEFAULTS
+from grpo_exp.analysis.seed_summary import DEFAULTS, ONE_VARIANT
 from grpo_exp.evaluation import seed_stats
 from grpo_exp.evaluation.continual import forward_transfer, paired_gain, stage_pair, turnover
 from grpo_exp.evaluation.stats import mean_interval
@@ -73,7 +73,7 @@ def method_label(cur: dict, variant: str) -> str:
     if cur.get("match_accuracy_of"):  # each stage stopped at another run's validation accuracy (curriculum/match.py)
         method += ", stopped at matched accuracy"
     rest = [p for p in variant.split(", ")
-            if not p.startswith(_METHOD_KEYS) and p != DEFAULTS and not (_adaptive(cur) and p == "curriculum=adaptive")]
+            if not p.startswith(_METHOD_KEYS) and p not in (DEFAULTS, ONE_VARIANT) and not (_adaptive(cur) and p == "curriculum=adaptive")]
     return ", ".join([method, *rest])
 
 

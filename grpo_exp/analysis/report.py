@@ -325,7 +325,7 @@ def seed_labels(df: pd.DataFrame) -> list[str]:
     """Each job's variant over seeds: its swept overrides other than the seed. Jobs that override none of
     them (the default recipe beside its levers) are one variant, not one per job: they differ only in seed."""
     keys = [k for k in swept_keys(df) if k != seed_summary.SEED_KEY]
-    return variant_labels(df, keys, unset=seed_summary.DEFAULTS) if keys else ["all"] * len(df)
+    return variant_labels(df, keys, unset=seed_summary.DEFAULTS) if keys else [seed_summary.ONE_VARIANT] * len(df)
 
 
 def load_report(paths) -> dict:

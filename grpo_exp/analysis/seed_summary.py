@@ -23,6 +23,7 @@ from grpo_exp.evaluation.stats import mean_interval, paired_difference_interval,
 
 SEED_KEY = "override:train.seed"
 DEFAULTS = "(defaults)"  # the label of jobs that set none of the swept overrides
+ONE_VARIANT = "all"  # the label of every job of a sweep that swept nothing but the seed
 
 
 def _scored_columns(df: pd.DataFrame) -> list[str]:

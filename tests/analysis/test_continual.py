@@ -126,6 +126,7 @@ def test_a_method_is_named_by_what_its_curriculum_ran():
     ran = lambda lam, replay, mode="sequential": {"ewc_lambda": lam, "replay": replay, "mode": mode}  # noqa: E731
     assert continual.method_label(ran(0.0, None), "ewc.lambda=0") == "plain GRPO"
     assert continual.method_label(ran(1000.0, 0.0), "(defaults)") == "EWC lambda 1000"
+    assert continual.method_label(ran(1000.0, 0.0), "all") == "EWC lambda 1000"  # a sweep of seeds alone
     assert continual.method_label(ran(1000.0, 0.2), "curriculum.replay=0.2") == "EWC lambda 1000 + replay 0.2"
     assert continual.method_label(ran(0.0, 0.2), "ewc.lambda=0, curriculum.replay=0.2, train.beta=0") == \
         "replay 0.2, train.beta=0"
