@@ -14,9 +14,10 @@ summary; writes eval_decode_time.json into --out (default outputs/eval_decode_ti
 The engine's rounds are also set against the machine's floor, as grpo-bench sets a training step against it: the
 GEMM peak (fp32: the path decodes fp32 weights) and memory bandwidth measured before and after the rounds (best
 reading), and the work the decoder counted (prompt tokens prefilled, decoding steps and the rows each step held).
-Floor = the Linear layers' products at the GEMM peak (the body on every prompt token and every row of every decoding
-step, the LM head on each decoded row and each prompt's last), or one read of their weights per decoding step at the
-memory bandwidth, whichever is longer; attention and the rest are left out, so it is a lower bound. Each engine round prints its prefill and decoding seconds and its wall time as x floor."""
+Floor = the products of the weights that multiply a token (grpo-bench's count) at the GEMM peak (the body on every
+prompt token and every row of every decoding step, the LM head on each decoded row and each prompt's last), or one
+read of those weights per decoding step at the memory bandwidth, whichever is longer; attention and the rest are left
+out, so it is a lower bound. Each engine round prints its prefill and decoding seconds and its wall time as x floor."""
 
 from __future__ import annotations
 
@@ -61,9 +62,9 @@ def main() -> None:
     from grpo_exp.evaluation.generate import evaluate
 
     cpu.apply(cfg.cpu)
-    weights = args.init_from and (Path(args.init_from) / "model" if (Path(args.init_from) / "model").is_dir()
-                                  else Path(args.init_from))
-    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0, init_from=weights or None)
+    from grpo_exp.evaluation.run import resolve_checkpoint
+
+    model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0, init_from=resolve_checkpoint(args.init_from))
     examples = stage_split(cfg.stage, "test", cfg.train.seed)[:args.limit]
     max_new = int(cfg.train.max_completion_length)
     logger.info("%s, %d %s test problems, %d new tokens, batch %d, %d threads", args.model, len(examples),
@@ -135,12 +136,11 @@ WORK = ("prefill_s", "decode_s", "prefill_tokens", "decode_steps", "row_steps") 
 
 
 def linear_parameters(model) -> dict:
-    """The weights the decoder multiplies a token by: every Linear layer's (`all`, the LM head's included, tied or
-    not) and the LM head's alone (`head`: the prefill applies it to each prompt's last position only)."""
-    import torch
+    """The weights the decoder multiplies a token by (`all`: grpo-bench's count, the LM head's included) and the LM
+    head's alone (`head`: the prefill applies it to each prompt's last position only)."""
+    from grpo_exp.analysis.bench.child import matmul_parameters
 
-    head = model.get_output_embeddings().weight.numel()
-    return {"all": sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)), "head": head}
+    return {"all": matmul_parameters(model)[1], "head": model.get_output_embeddings().weight.numel()}
 
 
 def floor(row: dict, linear: dict, prompts: int, best: dict) -> dict:

@@ -73,7 +73,8 @@ def method_label(cur: dict, variant: str) -> str:
     if cur.get("match_accuracy_of"):  # each stage stopped at another run's validation accuracy (curriculum/match.py)
         method += ", stopped at matched accuracy"
     rest = [p for p in variant.split(", ")
-            if not p.startswith(_METHOD_KEYS) and p not in (DEFAULTS, ONE_VARIANT) and not (_adaptive(cur) and p == "curriculum=adaptive")]
+            if not p.startswith(_METHOD_KEYS) and p not in (DEFAULTS, ONE_VARIANT)
+            and not (_adaptive(cur) and p == "curriculum=adaptive")]
     return ", ".join([method, *rest])
 
 

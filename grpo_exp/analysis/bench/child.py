@@ -294,15 +294,21 @@ def child_main(spec_path: Path) -> int:
     return 0
 
 
-def model_shape(model, tokenizer, dataset, prompts: int = 64) -> dict:
-    """What the floor needs: the parameters that multiply (a tied LM head counts once, the input embedding is a
-    lookup) and the mean chat-templated prompt length of the first training prompts."""
+def matmul_parameters(model) -> tuple[int, int, bool]:
+    """(all parameters, those that multiply a token, whether the LM head is tied): a tied LM head counts once, the
+    input embedding is a lookup."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     total = sum(p.numel() for p in inner.parameters())
     embed = inner.get_input_embeddings().weight
     head = inner.get_output_embeddings()
     tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
-    matmul = total - (0 if tied else embed.numel())
+    return total, total - (0 if tied else embed.numel()), tied
+
+
+def model_shape(model, tokenizer, dataset, prompts: int = 64) -> dict:
+    """What the floor needs: the parameters that multiply (matmul_parameters) and the mean chat-templated prompt
+    length of the first training prompts."""
+    total, matmul, tied = matmul_parameters(model)
     rows = [dataset[i]["prompt"] for i in range(min(prompts, len(dataset)))]
     lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False))
                if isinstance(p, list) else len(tokenizer(p)["input_ids"]) for p in rows]
