@@ -1,8 +1,8 @@
 """`python scripts/eval_decode_time.py [--rounds 2] [--threads 2] [--limit 200] [--stage basic] [--batch 32]
-[--init-from RUN] [--profile]`: greedy
+[--engine-cache-mb 1536] [--init-from RUN] [--profile]`: greedy
 evaluation through HF `generate` against the engine path (`eval.decode=generate|engine`, evaluation/fast_decode.py)
 on the default run's evaluation: the default model, the first `--limit` test problems of the stage, at the stage's
-completion length and eval.batch_size.
+completion length, generate at eval.batch_size and the engine in batches of as many rows as eval.engine_cache_mb holds (their defaults).
 
 The two paths run interleaved (generate, engine, generate, engine, ...) in one process, each through
 `evaluation.generate.evaluate` as every command calls it. The engine's first round includes building its decoder
@@ -38,7 +38,9 @@ def main() -> None:
     parser.add_argument("--threads", default="2", help="cpu.threads (auto: the machine's cores)")
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--stage", default="basic")
-    parser.add_argument("--batch", type=int, default=32, help="eval.batch_size")
+    parser.add_argument("--batch", type=int, default=None, help="eval.batch_size, generate's (default: its default)")
+    parser.add_argument("--engine-cache-mb", type=float, default=None, help="eval.engine_cache_mb, the engine "
+                        "path's KV cache per batch (default: its default)")
     parser.add_argument("--model", default="smollm2_135m", help="a conf/model option")
     parser.add_argument("--init-from", default=None, help="a run directory (or its model/) whose weights to score "
                         "instead of the base model's, e.g. a trained run's, whose answers are shorter")
@@ -46,13 +48,15 @@ def main() -> None:
                         "ops by self CPU time, printed and written as profile.txt")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if args.rounds < 1 or args.limit < 1 or args.batch < 1:
-        parser.error("--rounds, --limit and --batch must be >= 1")
+    if args.rounds < 1 or args.limit < 1 or (args.batch or 1) < 1 or (args.engine_cache_mb or 1) <= 0:
+        parser.error("--rounds, --limit and --batch must be >= 1, --engine-cache-mb > 0")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from grpo_exp.base import cpu
     from grpo_exp.config.compose import compose
 
     cfg = compose("train", [f"model={args.model}", f"stage={args.stage}", f"cpu.threads={args.threads}"])
+    args.batch = args.batch or int(cfg.eval.batch_size)
+    args.engine_cache_mb = args.engine_cache_mb or float(cfg.eval.engine_cache_mb)
     cpu.prepare_env(cfg.cpu)
     import torch
 
@@ -67,8 +71,9 @@ def main() -> None:
     model, tokenizer = models.load(cfg.model, cfg.paths.cache_dir, seed=0, init_from=resolve_checkpoint(args.init_from))
     examples = stage_split(cfg.stage, "test", cfg.train.seed)[:args.limit]
     max_new = int(cfg.train.max_completion_length)
-    logger.info("%s, %d %s test problems, %d new tokens, batch %d, %d threads", args.model, len(examples),
-                args.stage, max_new, args.batch, torch.get_num_threads())
+    logger.info("%s, %d %s test problems, %d new tokens, batch %d (generate), a %g MiB KV cache (engine), %d threads",
+                args.model, len(examples), args.stage, max_new, args.batch, args.engine_cache_mb,
+                torch.get_num_threads())
     from grpo_exp.analysis.bench.floor import machine_limits, probe_summary
 
     probes = [machine_limits(torch.get_num_threads())]
@@ -77,7 +82,8 @@ def main() -> None:
         for decode in ("generate", "engine"):
             t0 = time.perf_counter()
             metrics, rows = evaluate(model, tokenizer, examples, system_prompt=cfg.reward.system_prompt,
-                                     max_new_tokens=max_new, batch_size=args.batch, decode=decode, desc=decode)
+                                     max_new_tokens=max_new, batch_size=args.batch, decode=decode, desc=decode,
+                                     engine_cache_mb=args.engine_cache_mb)
             wall = time.perf_counter() - t0
             completions = [row["completion"] for row in rows]
             reference = reference or completions
@@ -87,6 +93,7 @@ def main() -> None:
             row = {"round": r + 1, "decode": decode, "wall_s": round(wall, 2),
                    "generation_s": round(metrics["generation_s"], 2), "compile_s": round(compile_s, 2),
                    "accuracy": metrics["accuracy"], "decoded_by": metrics["decoded_by"],
+                   "peak_rss_mb": metrics["peak_rss_mb"],
                    "differ_from_generate": sum(a != b for a, b in zip(reference, completions)), **work}
             rounds.append(row)
             logger.info("round %d %-8s %7.1f s wall (%.1f s compiling), accuracy %.3f, %d completions differ from "
@@ -97,7 +104,7 @@ def main() -> None:
 
         with profiler(activities=[ProfilerActivity.CPU]) as prof:
             evaluate(model, tokenizer, examples, system_prompt=cfg.reward.system_prompt, max_new_tokens=max_new,
-                     batch_size=args.batch, decode="engine", desc="profiled")
+                     batch_size=args.batch, decode="engine", desc="profiled", engine_cache_mb=args.engine_cache_mb)
         profile = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
         logger.info("the engine's round under torch.profiler, by self CPU time:\n%s", profile)
     probes.append(machine_limits(torch.get_num_threads()))

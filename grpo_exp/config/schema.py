@@ -280,7 +280,12 @@ class EvalConfig:
     # names from conf/stage (basic, intermediate, two_step, multi_step, advanced, gsm8k); empty: the current stage
     sets: List[str] = field(default_factory=list)
     limit: int = 200  # problems per set: a fixed seeded subset of the held-out split
-    batch_size: int = 32
+    batch_size: int = 32  # problems per batch through generate (and sampled completions' prompts per batch)
+    # the engine path (greedy, eval.decode) decodes as many problems together as their KV cache (fp32 keys and
+    # values of every layer, at the call's cache length) fits in this many MiB: its answers do not depend on how many
+    # (evaluation/fast_decode.py), and each step's weights then serve more rows. The default model at basic's
+    # lengths takes about 6 MiB a row (200 problems in one batch), at GSM8K's about 20.
+    engine_cache_mb: float = 1536
     max_new_tokens: Optional[int] = None  # None: each set's stage max_completion_length
     do_sample: bool = False  # greedy by default
     # how greedy completions are decoded (evaluation/generate.decode_path): auto (the engine path,
@@ -325,7 +330,7 @@ class EvalConfig:
             require(name in valid, f"unknown eval set '{name}' in eval.sets; valid sets: {', '.join(valid)}")
         for name in ev.forgetting_sets:
             require(name in valid, f"unknown stage '{name}' in eval.forgetting_sets; valid stages: {', '.join(valid)}")
-        require_positive("eval", ev, "limit", "batch_size", "every_limit")
+        require_positive("eval", ev, "limit", "batch_size", "engine_cache_mb", "every_limit")
         require(ev.max_new_tokens is None or ev.max_new_tokens >= 1,
                 f"eval.max_new_tokens={ev.max_new_tokens} must be a positive integer or null (the stage's length)")
         require(math.isfinite(ev.temperature) and ev.temperature > 0, f"eval.temperature={ev.temperature} must be > 0")

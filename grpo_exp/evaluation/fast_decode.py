@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import torch
 
 from grpo_exp.base import log, stop
-from grpo_exp.base.cpu import compiler_missing
+from grpo_exp.base.cpu import compiler_missing, release_freed_memory
 from grpo_exp.kernels import attention
 from grpo_exp.kernels.compiled_step import compile_own_step
 
@@ -233,6 +233,21 @@ class GreedyDecoder:
         return torch.cat([torch.nn.functional.linear(hidden, w, b) for w, b in zip(weight.split(_HEAD_SLICE), biases)],
                          dim=-1).float()
 
+    def cache_length(self, prompts: list[list[int]], max_new_tokens: int) -> int:
+        """The KV cache's positions for a call on these prompts. StaticLayer's length is a Python int, which the
+        compiled step is specialised to: it only grows (a longer one compiles the step again), and a row's numbers
+        do not depend on it (masked positions add 0)."""
+        length = -(-(max(len(p) for p in prompts) + max_new_tokens) // _CACHE_BUCKET) * _CACHE_BUCKET
+        return max(length, self._length)
+
+    def row_bytes(self, prompts: list[list[int]], max_new_tokens: int) -> int:
+        """The decoding cache's bytes per row of a call on these prompts: fp32 keys and values of every layer."""
+        config = self.model.config
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        return 2 * config.num_hidden_layers * kv_heads * head_dim * 4 * self.cache_length(prompts, max_new_tokens)
+
     def batches(self, prompts: list[list[int]], *, rows: int, max_new_tokens: int, eos_token_ids: list[int],
                 pad_token_id: int) -> Iterator[tuple[list[int], torch.Tensor, float]]:
         """Greedy completions of `prompts` (token ids), `rows` at a time: for each batch, which prompts it holds
@@ -249,10 +264,7 @@ class GreedyDecoder:
             # row's distances: each prompt is prefilled whole, left-padded, as generate lays it out
             prefix = 0
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        # StaticLayer's length is a Python int, which the compiled step is specialised to: it only grows (a
-        # longer one compiles the step again), and a row's numbers do not depend on it (masked positions add 0)
-        length = -(-(max(len(p) for p in prompts) + max_new_tokens) // _CACHE_BUCKET) * _CACHE_BUCKET
-        self._length = length = max(length, self._length)
+        self._length = length = self.cache_length(prompts, max_new_tokens)
         try:
             for start in range(0, len(prompts), rows):
                 held = order[start:start + rows]
@@ -262,6 +274,9 @@ class GreedyDecoder:
                 yield held, tokens, seconds
         finally:
             self.release()
+            # the batches' caches (a KV cache of eval.engine_cache_mb) go back to the kernel: under cpu.malloc=retain
+            # they would stay resident, and the next call's, of other sizes, would grow the heap beside them
+            release_freed_memory()
 
     @torch.no_grad()
     def decode(self, prompts: list[list[int]], *, prefix: int, length: int, max_new_tokens: int,
@@ -361,14 +376,21 @@ class GreedyDecoder:
             big.keys[:, :, :width].copy_(small.keys)
             big.values[:, :, :width].copy_(small.values)
             big.cumulative_length.fill_(width)
+            small.keys = small.values = None  # layer by layer: the two caches are never whole side by side
         self._cache = cache
         return cache
 
     @staticmethod
     def _compact(cache, keep: torch.Tensor) -> None:
+        """Keep rows `keep` (ascending) of every layer, moved to the front of its own tensors: new tensors for them
+        would sit beside the old ones (a second cache's worth of heap, resident under cpu.malloc=retain)."""
+        n = len(keep)
         for layer in cache.layers:
-            layer.keys, layer.values = layer.keys.index_select(0, keep), layer.values.index_select(0, keep)
-            layer.batch_size = len(keep)
+            for name in ("keys", "values"):
+                whole = getattr(layer, name)
+                whole[:n].copy_(whole.index_select(0, keep))  # one layer's rows at a time beside them
+                setattr(layer, name, whole[:n])
+            layer.batch_size = n
 
     def _call_step(self, token, position, attention_mask, cache) -> torch.Tensor:
         if not self.compiled:

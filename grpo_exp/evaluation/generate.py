@@ -108,12 +108,13 @@ def decode_path(model, decode: str = "auto", do_sample: bool = False) -> str:
 
 def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
                          do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                         seed: int = 0, desc: str = "generating",
-                         decode: str = "auto") -> tuple[list[str], list[int], float, int]:
+                         seed: int = 0, desc: str = "generating", decode: str = "auto",
+                         engine_cache_mb: float | None = None) -> tuple[list[str], list[int], float, int]:
     """Completions for chat prompts: (texts, completion token counts, seconds spent generating,
     token positions decoded). A batch decodes until its longest completion ends, so positions
     include the padding after shorter completions' EOS: positions / seconds is the raw decoding
-    throughput, comparable between models whose answers differ in length. `decode`: see decode_path."""
+    throughput, comparable between models whose answers differ in length. `decode`: see decode_path.
+    `engine_cache_mb`: the engine path's KV cache per batch (eval.engine_cache_mb; None: `batch_size` rows)."""
     engine = decode_path(model, decode, do_sample) == "engine"
     padding_side = tokenizer.padding_side
     tokenizer.padding_side = "left"  # decoder-only generation needs the prompt flush against the new tokens
@@ -123,7 +124,8 @@ def generate_completions(model, tokenizer, prompts: list[list[dict]], *, max_new
         with fp32_decoding(model):  # once for the whole set: its check and the unwrapping are per model
             if engine:
                 texts, lengths, seconds, positions = _engine_batches(
-                    model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, desc=desc)
+                    model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                    cache_mb=engine_cache_mb, desc=desc)
             else:
                 texts, lengths, seconds, positions = _generate_batches(
                     model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -143,15 +145,18 @@ def _eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def _engine_batches(model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int, batch_size: int,
-                    desc: str) -> tuple[list[str], list[int], float, int]:
+                    cache_mb: float | None, desc: str) -> tuple[list[str], list[int], float, int]:
     """generate_completions' loop over batches on the engine path: the model's GreedyDecoder (built on its first
-    evaluation, its compiled step reused), the prompts in batches of at most `batch_size` as even as can be (200
-    prompts at 32: 7 batches of 28-29 rows, not a last one of 8)."""
+    evaluation, its compiled step reused), the prompts in batches of as many rows as a KV cache of `cache_mb` MiB
+    holds (`batch_size` where None), as even as can be (200 prompts at 32 rows: 7 batches of 28-29 rows, not a last
+    one of 8)."""
     decoder = fast_decode.decoder_for(model)
-    rows = -(-len(prompts) // -(-len(prompts) // batch_size)) if prompts else 1
     eos = _eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     encoded = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, return_dict=True)["input_ids"]
+    if cache_mb is not None and prompts:
+        batch_size = max(1, int(cache_mb * 2**20 // decoder.row_bytes(encoded, max_new_tokens)))
+    rows = -(-len(prompts) // -(-len(prompts) // batch_size)) if prompts else 1
     texts, lengths, seconds, positions = [""] * len(prompts), [0] * len(prompts), 0.0, 0
     batches = decoder.batches(encoded, rows=rows, max_new_tokens=max_new_tokens, eos_token_ids=eos, pad_token_id=pad)
     for held, new, spent in tqdm(batches, total=-(-len(prompts) // rows), desc=desc, leave=False):
@@ -320,18 +325,20 @@ def sampled_metrics(examples: list[dict], drawn: list[tuple[list[float | None], 
 def evaluate(model, tokenizer, examples: list[dict], *, system_prompt: str, max_new_tokens: int, batch_size: int = 8,
              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              desc: str = "eval", pass_k: list[int] | tuple = (), maj_k: list[int] | tuple = (),
-             num_samples: int | None = None, judge=None, decode: str = "auto") -> tuple[dict, list[dict]]:
+             num_samples: int | None = None, judge=None, decode: str = "auto",
+             engine_cache_mb: float | None = None) -> tuple[dict, list[dict]]:
     """Generate for every problem and score against its ground truth (a prompts stage's: by `judge`, its eval
     reward); with `pass_k` or `maj_k`, also sample `num_samples` completions per problem (default: the largest k) at
     `temperature` and report pass@1 estimated from them, pass@k and maj@k for each k, with bootstrap intervals
     (sampled_metrics; maj@k votes on the parsed numbers against the `answer` column). `decode`: eval.decode, the
-    path of the greedy (or do_sample) completions (decode_path); the pass@k and maj@k samples use generate."""
+    path of the greedy (or do_sample) completions (decode_path); the pass@k and maj@k samples use generate.
+    `engine_cache_mb`: eval.engine_cache_mb, the engine path's KV cache per batch (None: `batch_size` rows)."""
     prompts = [prompt_messages(ex, system_prompt) for ex in examples]
     path = decode_path(model, decode, do_sample)
     texts, lengths, seconds, positions = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                                    batch_size=batch_size, do_sample=do_sample,
                                                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                                   desc=desc, decode=path)
+                                                   desc=desc, decode=path, engine_cache_mb=engine_cache_mb)
     metrics, samples = score(examples, texts, lengths, judge, prompts)
     metrics.update({
         "generation_s": seconds,

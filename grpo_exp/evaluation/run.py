@@ -276,7 +276,7 @@ def evaluate_sets(model, tokenizer, sets: list[EvalSet], cfg, label: str = "") -
                                  temperature=ev.temperature, top_k=ev.top_k, top_p=ev.top_p, seed=ev.seed,
                                  desc=" ".join(filter(None, ("eval", label, s.name))),
                                  pass_k=list(ev.pass_k), maj_k=list(ev.maj_k), num_samples=pass_k_samples(ev),
-                                 judge=s.judge, decode=ev.decode)
+                                 judge=s.judge, decode=ev.decode, engine_cache_mb=ev.engine_cache_mb)
         metrics.update({"dataset": s.dataset, "source": s.source, "held_out": s.held_out,
                         "max_new_tokens": s.max_new_tokens})
         results[s.name] = metrics

@@ -142,12 +142,13 @@ class ForgettingCallback(TrainerCallback):
 
     def __init__(self, pending_logs: dict, sets: list[tuple[str, list[dict], int, Reference, object]],
                  every_steps: int, *, system_prompt: str, batch_size: int, decode: str = "auto",
-                 own: tuple[str, Reference] | None = None):
+                 own: tuple[str, Reference] | None = None, engine_cache_mb: float | None = None):
         self.pending_logs = pending_logs  # the trainer merges and clears it in its next log() call
         self.sets, self.every_steps = sets, every_steps
         self.own = own  # (this stage's name, the previous policy's samples on its validation prompts)
         self.system_prompt, self.batch_size = system_prompt, batch_size
         self.decode = decode  # eval.decode (evaluation/generate.decode_path)
+        self.engine_cache_mb = engine_cache_mb  # eval.engine_cache_mb
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         step = state.global_step
@@ -163,7 +164,8 @@ class ForgettingCallback(TrainerCallback):
             kl = kl_from_reference(model, reference)
             metrics, _ = evaluate(model, tokenizer, examples, system_prompt=self.system_prompt,
                                   max_new_tokens=max_new_tokens, batch_size=self.batch_size,
-                                  desc=f"forgetting eval {name}", judge=judge, decode=self.decode)
+                                  desc=f"forgetting eval {name}", judge=judge, decode=self.decode,
+                                  engine_cache_mb=self.engine_cache_mb)
             row.update({
                 f"forgetting/{name}/kl": kl["kl"],
                 f"forgetting/{name}/kl_per_token": kl["kl_per_token"],
@@ -210,4 +212,5 @@ def forgetting_callback(cfg, pending_logs: dict, previous_dir) -> ForgettingCall
     logger.info("forgetting reference for %s (and the drift on %s) sampled from %s in %.1f s",
                 ", ".join(s[0] for s in sets), cfg.stage.name, previous_dir, time.time() - t0)
     return ForgettingCallback(pending_logs, sets, cfg.eval.every_steps, system_prompt=cfg.reward.system_prompt,
-                              batch_size=cfg.eval.batch_size, decode=cfg.eval.decode, own=own)
+                              batch_size=cfg.eval.batch_size, decode=cfg.eval.decode, own=own,
+                              engine_cache_mb=cfg.eval.engine_cache_mb)

@@ -25,12 +25,13 @@ logger = log.get_logger(__name__)
 class HeldOutEvalCallback(TrainerCallback):
     def __init__(self, pending_logs: dict, set_name: str, examples: list[dict], every_steps: int, *,
                  system_prompt: str, max_new_tokens: int, batch_size: int, judge=None, decode: str = "auto",
-                 stop_at: float | None = None):
+                 stop_at: float | None = None, engine_cache_mb: float | None = None):
         self.pending_logs = pending_logs  # the trainer merges and clears it in its next log() call
         self.set_name, self.examples, self.every_steps = set_name, examples, every_steps
         self.system_prompt, self.max_new_tokens, self.batch_size = system_prompt, max_new_tokens, batch_size
         self.judge = judge  # a prompts stage's eval reward (evaluation/judge.py), else None
         self.decode = decode  # eval.decode (evaluation/generate.decode_path)
+        self.engine_cache_mb = engine_cache_mb  # eval.engine_cache_mb
         self.stop_at = stop_at  # train.stop_at_accuracy
         self.reached: dict | None = None  # where it was reached: {"target", "step", "accuracy", "n"}
 
@@ -41,7 +42,8 @@ class HeldOutEvalCallback(TrainerCallback):
         started = time.perf_counter()
         metrics, _ = evaluate(model, processing_class, self.examples, system_prompt=self.system_prompt,
                               max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
-                              desc=f"held-out eval {self.set_name}", judge=self.judge, decode=self.decode)
+                              desc=f"held-out eval {self.set_name}", judge=self.judge, decode=self.decode,
+                              engine_cache_mb=self.engine_cache_mb)
         prefix = f"eval/{self.set_name}"
         self.pending_logs.update({
             f"{prefix}/accuracy": metrics["accuracy"],
@@ -70,4 +72,4 @@ def held_out_callback(cfg, pending_logs: dict) -> HeldOutEvalCallback:
                                system_prompt=cfg.reward.system_prompt,
                                max_new_tokens=cfg.train.max_completion_length, batch_size=cfg.eval.batch_size,
                                judge=for_stage(cfg.stage, list(cfg.reward.funcs)), decode=cfg.eval.decode,
-                               stop_at=cfg.train.get("stop_at_accuracy"))
+                               stop_at=cfg.train.get("stop_at_accuracy"), engine_cache_mb=cfg.eval.engine_cache_mb)

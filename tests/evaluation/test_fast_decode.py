@@ -141,6 +141,40 @@ def test_evaluate_records_the_path_it_took(model):
         assert metrics["decoded_by"] == path
 
 
+def test_the_engine_path_batches_as_many_rows_as_its_cache_budget_holds(model, monkeypatch):
+    """eval.engine_cache_mb sets the engine path's rows (the KV cache's bytes per row from the model's shape and the
+    call's cache length); without it, eval.batch_size's; generate keeps batch_size. The answers are the same."""
+    from grpo_exp.evaluation.generate import prompt_messages
+
+    model, tokenizer = model
+    examples = [{"question": q, "answer": "1"} for q in QUESTIONS[:5]]
+    decoder = fast_decode.decoder_for(model)
+    encoded = tokenizer.apply_chat_template([prompt_messages(ex, "Solve it.") for ex in examples],
+                                            add_generation_prompt=True, return_dict=True)["input_ids"]
+    per_row = decoder.row_bytes(encoded, 6)
+    config = model.config
+    kv_width = config.num_key_value_heads * (getattr(config, "head_dim", None) or
+                                             config.hidden_size // config.num_attention_heads)
+    assert per_row == 2 * config.num_hidden_layers * kv_width * 4 * decoder.cache_length(encoded, 6)
+    rows_asked, batches = [], decoder.batches
+
+    def recording(prompts, *, rows, **kwargs):
+        rows_asked.append(rows)
+        return batches(prompts, rows=rows, **kwargs)
+
+    monkeypatch.setattr(decoder, "batches", recording)
+    answers = []
+    for cache_mb in (None, 2.5 * per_row / 2**20, 1024):
+        _, rows = evaluate(model, tokenizer, examples, system_prompt="Solve it.", max_new_tokens=6, batch_size=1,
+                           engine_cache_mb=cache_mb)
+        answers.append([r["completion"] for r in rows])
+    assert rows_asked == [1, 2, 5]  # batch_size's 1; room for 2 rows (5 problems: 2, 2, 1); all 5 in one
+    assert answers[0] == answers[1] == answers[2]
+    _, rows = evaluate(model, tokenizer, examples, system_prompt="Solve it.", max_new_tokens=6, batch_size=1,
+                       engine_cache_mb=1024, decode="generate")
+    assert rows_asked == [1, 2, 5] and [r["completion"] for r in rows] == answers[0]
+
+
 def _peft(model):
     from peft import LoraConfig, get_peft_model
 

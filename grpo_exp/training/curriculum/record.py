@@ -41,7 +41,8 @@ def evaluate_dir(model_cfg, cache_dir, model_dir: str | None, stage_cfgs: list, 
         metrics, samples = evaluate(model, tokenizer, examples, system_prompt=stage_cfg.reward.system_prompt,
                                     max_new_tokens=stage_cfg.train.max_completion_length, batch_size=batch_size,
                                     seed=seed, desc=f"eval {stage_cfg.stage.name}",
-                                    decode=stage_cfg.eval.get("decode", "auto"))
+                                    decode=stage_cfg.eval.get("decode", "auto"),
+                                    engine_cache_mb=stage_cfg.eval.get("engine_cache_mb"))
         results.append((metrics, [int(s["correct"]) for s in samples]))
     del model
     cpu.release_freed_memory()  # the model, its decoder copy and its evaluation caches, before the next stage
