@@ -1,8 +1,8 @@
 """`python scripts/eval_decode_time.py [--rounds 2] [--threads 2] [--limit 200] [--stage basic] [--batch 32]
-[--engine-cache-mb 1536] [--init-from RUN] [--profile]`: greedy
-evaluation through HF `generate` against the engine path (`eval.decode=generate|engine`, evaluation/fast_decode.py)
-on the default run's evaluation: the default model, the first `--limit` test problems of the stage, at the stage's
-completion length, generate at eval.batch_size and the engine in batches of as many rows as eval.engine_cache_mb holds (their defaults).
+[--engine-cache-mb 1536] [--init-from RUN] [--profile]`: greedy evaluation through HF `generate` against the engine
+path (`eval.decode=generate|engine`, evaluation/fast_decode.py) on the default run's evaluation: the default model,
+the first `--limit` test problems of the stage, at the stage's completion length, `generate` in batches of
+eval.batch_size and the engine in batches of as many rows as eval.engine_cache_mb holds (their defaults).
 
 The two paths run interleaved (generate, engine, generate, engine, ...) in one process, each through
 `evaluation.generate.evaluate` as every command calls it. The engine's first round includes building its decoder

@@ -13,8 +13,8 @@ One model, one number: a row's tokens do not depend on the rows beside it, how m
 sits (a compiled step's softmax is summed in one pass, never split between threads: kernels/attention.py,
 whole_sums), so any batch size gives the same answers; the default model's matched `generate`'s on 400 problems
 (docs/evaluation.md, "The decoding path"). A decoder is built on a model's first evaluation (`decoder_for`) and kept
-while the model lives; its step is compiled once for any number of rows (and again only for a longer KV cache);
-each call's caches are freed at its end. generate.py picks this path or `generate` (eval.decode).
+while the model lives; its step is compiled once per architecture in the process, for any number of rows (and again
+only for a longer KV cache), and serves every model of that architecture; each call's caches are freed at its end. generate.py picks this path or `generate` (eval.decode).
 
 Sliding-window layers (Gemma 3) are held as plain layers, the window applied by the model's own mask
 (plain_cache); a call whose prompts and new tokens reach past the window prefills each prompt whole, left-padded,
@@ -27,6 +27,7 @@ import copy
 import functools
 import inspect
 import time
+import types
 import weakref
 from collections.abc import Iterator
 
@@ -35,7 +36,6 @@ import torch
 from grpo_exp.base import log, stop
 from grpo_exp.base.cpu import compiler_missing, release_freed_memory
 from grpo_exp.kernels import attention
-from grpo_exp.kernels.compiled_step import compile_own_step
 
 logger = log.get_logger(__name__)
 
@@ -191,11 +191,11 @@ class GreedyDecoder:
             compile = sum(p.numel() for p in model.parameters()) >= _COMPILE_MIN_PARAMETERS
         why = "compile=False" if not compile else compiler_missing()
         self.compiled = why is None
-        self._compiled: set[int] = set()  # the cache lengths the step was compiled for
         if self.compiled:
-            # without dynamo's guards on the copy's modules, which nothing changes (as the rollout engine's step)
-            self._step = compile_own_step(self, GreedyDecoder._eager_step, dynamic=False, fullgraph=True, options={
-                "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+            # one compiled step for every model of this architecture in the process (the trained model, the one it
+            # started from, each stage of a curriculum): the decoder is its argument, its tensors inputs
+            self._shared = _shared_step(self.model)
+            self._step = functools.partial(self._shared.step, self)
         else:
             self._step = self._eager_step
             # for lack of a compiler a larger model decodes slower than it could: say so; chosen, not
@@ -399,13 +399,13 @@ class GreedyDecoder:
         for tensor in (token, position, attention_mask, *(t for layer in cache.layers for t in (layer.keys, layer.values))):
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
         try:
-            if self._length not in self._compiled:  # the first call compiles the step: it cannot poll a stop
+            if self._length not in self._shared.lengths:  # the first call compiles the step: it cannot poll a stop
                 logger.info("evaluation decoder: compiling the decoding step for a cache of %d positions (once per "
-                            "model and length)", self._length)
+                            "architecture and length)", self._length)
                 t0 = time.perf_counter()
                 with stop.urgent("compilation"):
                     logits = self._step(token, position, attention_mask, cache)
-                self._compiled.add(self._length)
+                self._shared.lengths.add(self._length)
                 self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + time.perf_counter() - t0
                 return logits
             with stop.urgent("evaluation"):
@@ -449,6 +449,40 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
     while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
         n += 1
     return n
+
+
+class _SharedStep:
+    """The decoding step compiled for one architecture: `step(decoder, ...)` and the cache lengths it was compiled
+    for. It holds no decoder and no tensor: the decoder is an argument, and its modules' tensors are read from it at
+    each call (dynamo's guards on modules are off, so a model of another architecture must never reach it)."""
+
+    def __init__(self):
+        fn = GreedyDecoder._eager_step
+        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        # the copy's modules are never changed in place: dynamo's guards on them would only cost time
+        self.step = torch.compile(own, dynamic=False, fullgraph=True, options={
+            "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        self.lengths: set[int] = set()
+
+
+_SHARED_STEPS: dict[tuple, _SharedStep] = {}
+
+
+def architecture_key(model: torch.nn.Module) -> tuple:
+    """What a compiled step is specialised to: the classes, the whole configuration (bar its name and versions) and
+    each parameter's name, shape and dtype. Two models with equal keys differ in their weights' values only."""
+    config = {k: v for k, v in model.config.to_dict().items()
+              if k not in ("_name_or_path", "transformers_version", "architectures")}
+    params = tuple((name, tuple(p.shape), p.dtype, p.device.type)
+                   for name, p in model.named_parameters(remove_duplicate=False))
+    return type(model), repr(sorted(config.items(), key=lambda item: item[0])), params
+
+
+def _shared_step(model: torch.nn.Module) -> _SharedStep:
+    key = architecture_key(model)
+    if key not in _SHARED_STEPS:
+        _SHARED_STEPS[key] = _SharedStep()
+    return _SHARED_STEPS[key]
 
 
 _DECODERS: "weakref.WeakKeyDictionary[torch.nn.Module, GreedyDecoder]" = weakref.WeakKeyDictionary()

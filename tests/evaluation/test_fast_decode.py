@@ -359,3 +359,50 @@ def test_the_compiled_step_serves_every_batch_size_and_matches_eager(tiny_model)
         if i:
             assert counters["stats"]["unique_graphs"] == graphs  # compiled once, in the first round
     assert compiled.timings["compile_s"] > 0
+
+
+@pytest.mark.slow
+def test_models_of_one_architecture_share_one_compiled_step_each_with_its_own_weights(tiny_model):
+    """The trained model and the one it started from (a curriculum's every stage) decode through the step compiled
+    for the first: no second compilation, yet each decoder's tokens are its own model's (the weights are read from
+    the decoder at every call, not kept from the first), and a model dropped goes with its decoder."""
+    import weakref
+
+    from torch._dynamo.utils import counters
+
+    first, _ = copy.deepcopy(tiny_model)
+    second, _ = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in second.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+    prompts, ends = _token_prompts(), [10_000]  # no end token: every row decodes all its tokens
+    one = fast_decode.GreedyDecoder(first, compile=True)
+    if not one.compiled:
+        pytest.skip("no C++ compiler: the step runs eager")
+    two = fast_decode.GreedyDecoder(second, compile=True)
+    assert two._shared is one._shared
+    want_first = _decoded(fast_decode.GreedyDecoder(first, compile=False), prompts, 7, ends)
+    want_second = _decoded(fast_decode.GreedyDecoder(second, compile=False), prompts, 7, ends)
+    assert want_first != want_second  # the test would not see the first model's weights used for the second
+    assert _decoded(one, prompts, 7, ends) == want_first
+    graphs = counters["stats"]["unique_graphs"]
+    assert _decoded(two, prompts, 7, ends) == want_second
+    assert counters["stats"]["unique_graphs"] == graphs and "compile_s" not in two.timings
+    assert _decoded(one, prompts, 3, ends) == want_first  # and the first model's own again
+    gone = weakref.ref(first)
+    del first, one
+    gc.collect()
+    assert gone() is None
+
+
+def test_the_architecture_key_tells_apart_what_a_compiled_step_is_specialised_to(tiny_model):
+    """Equal for two models that differ in weights only; different for another width, dtype or configuration."""
+    model, _ = copy.deepcopy(tiny_model)
+    other, _ = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        next(other.parameters()).add_(1.0)
+    assert fast_decode.architecture_key(model) == fast_decode.architecture_key(other)
+    assert fast_decode.architecture_key(model) != fast_decode.architecture_key(copy.deepcopy(model).to(torch.float64))
+    changed = copy.deepcopy(model)
+    changed.config.rms_norm_eps = 1e-3  # not in any parameter's shape, still in the compiled step
+    assert fast_decode.architecture_key(model) != fast_decode.architecture_key(changed)
