@@ -27,7 +27,6 @@ import copy
 import functools
 import inspect
 import time
-import types
 import weakref
 from collections.abc import Iterator
 
@@ -36,6 +35,7 @@ import torch
 from grpo_exp.base import log, stop
 from grpo_exp.base.cpu import compiler_missing, release_freed_memory
 from grpo_exp.kernels import attention
+from grpo_exp.kernels.compiled_step import own_code
 
 logger = log.get_logger(__name__)
 
@@ -457,10 +457,8 @@ class _SharedStep:
     each call (dynamo's guards on modules are off, so a model of another architecture must never reach it)."""
 
     def __init__(self):
-        fn = GreedyDecoder._eager_step
-        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
         # the copy's modules are never changed in place: dynamo's guards on them would only cost time
-        self.step = torch.compile(own, dynamic=False, fullgraph=True, options={
+        self.step = torch.compile(own_code(GreedyDecoder._eager_step), dynamic=False, fullgraph=True, options={
             "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self.lengths: set[int] = set()
 

@@ -14,9 +14,13 @@ import types
 import torch
 
 
+def own_code(function):
+    """`function` again, through a code object of its own: what dynamo compiles for it is kept apart."""
+    return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+
+
 def compile_own_step(owner, method, **compile_kwargs):
     """`method` (a plain function of `owner`'s class) bound to `owner` through a fresh code object, compiled with
     `compile_kwargs`."""
-    fn = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__, method.__defaults__,
-                            method.__closure__)
-    return torch.compile(types.MethodType(fn, owner), **compile_kwargs)
+    return torch.compile(types.MethodType(own_code(method), owner), **compile_kwargs)
