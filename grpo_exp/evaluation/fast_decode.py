@@ -14,7 +14,8 @@ sits (a compiled step's softmax is summed in one pass, never split between threa
 whole_sums), so any batch size gives the same answers; the default model's matched `generate`'s on 400 problems
 (docs/evaluation.md, "The decoding path"). A decoder is built on a model's first evaluation (`decoder_for`) and kept
 while the model lives; its step is compiled once per architecture in the process, for any number of rows (and again
-only for a longer KV cache), and serves every model of that architecture; each call's caches are freed at its end. generate.py picks this path or `generate` (eval.decode).
+only for a longer KV cache), and serves every model of that architecture; each call's caches are freed at its end.
+generate.py picks this path or `generate` (eval.decode).
 
 Sliding-window layers (Gemma 3) are held as plain layers, the window applied by the model's own mask
 (plain_cache); a call whose prompts and new tokens reach past the window prefills each prompt whole, left-padded,
