@@ -235,6 +235,18 @@ def test_default_choice_compares_levers_on_validation_only(tmp_path):
     assert ds_60.dynamic_sampling and ds_60.max_steps == 60
 
 
+def test_compute_curve_arms_run_at_least_as_much_compute_as_the_recipe_at_a_constant_rate(tmp_path):
+    # dynamic sampling's steps cost about twice the recipe's: its arm (ds_240) stops at 240 steps, the others at 400
+    arms = OmegaConf.load(CONF_DIR / "experiment" / "compute_curve.yaml").hydra.sweeper.params.ablation.split(",")
+    assert arms == ["none", "gens_8", "ds_240"]
+    steps = {}
+    for arm in arms:
+        train = compose_cfg(["experiment=compute_curve", f"ablation={arm}"], tmp_path).train
+        assert train.lr_scheduler_type == "constant" and train.anytime, arm
+        steps[arm] = (train.max_steps, train.dynamic_sampling, train.num_generations)
+    assert steps == {"none": (400, False, 4), "gens_8": (400, False, 8), "ds_240": (240, True, 4)}
+
+
 def test_replay_share_experiment_is_plain_grpo_on_the_validation_ladder(tmp_path):
     # docs/results/superseded/replay-share.md is read beside experiment=ewc_lambda's lambda-0 job: each share must be that
     # job with replay alone changed
