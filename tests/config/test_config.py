@@ -98,7 +98,7 @@ def test_semantic_errors_are_one_line(tmp_path, overrides, needle):
 # Through the real entrypoint: exit code 2, one line on stderr naming the value, no run directory.
 BAD_CLI = [
     (["model=nope"], "unknown model option 'nope'; valid choices: custom, gemma3_270m"),
-    (["stage=expert"], "valid choices: advanced, basic, gsm8k, intermediate, multi_step, prompts, two_step"),
+    (["stage=expert"], "valid choices: advanced, basic, gsm8k, intermediate, multi_step, prompts, three_step, two_step"),
     (["train.max_steps=abc"], "train.max_steps"),
     # the speed switches that left train.*: one line naming the new key
     (["train.rollout=trl"], "train.rollout has moved: set speed.generation instead"),

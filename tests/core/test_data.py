@@ -139,6 +139,21 @@ def test_three_partitions_are_disjoint_and_held_out_sets_distinct(level, seed):
             assert generators.canonical(f"{b} {op} {a}") in set(keys["test"])
 
 
+def test_three_step_word_problems_share_their_keys_with_the_same_expressions():
+    """A three_step story and the expression it stands for are one computation: the same key, whichever template
+    asks it and in whichever order the products and sums are written."""
+    problems = generate("three_step", 2000, seed=8)
+    by_template: dict[str, set[str]] = {}
+    for p in problems:
+        by_template.setdefault(p["template"], set()).add(p["key"])
+        assert int(p["answer"]) >= 0 and len(re.findall(r" [-+*] ", p["expression"])) == 3, p
+    assert set(by_template) == {"expr_three", "more_less_more", "groups_plus_minus", "two_groups"}
+    for story in ("more_less_more", "groups_plus_minus", "two_groups"):
+        assert by_template[story] & by_template["expr_three"], story  # asked in words and as an expression
+    assert generators.canonical("3 * 4 + 5 * 2") == generators.canonical("2 * 5 + 4 * 3")
+    assert generators.canonical("3 + 4 - 2 + 5") != generators.canonical("3 + 4 + 5 - 2")  # another computation
+
+
 def test_the_partition_is_the_same_for_every_level():
     """A computation's split depends on it and the seed only: held out at one level, never trained at another."""
     assert generators.split_of("(Add 3 4)", 7) == generators.split_of(generators.canonical("4 + 3"), 7)
@@ -214,7 +229,7 @@ def test_impossible_request_raises(monkeypatch):
 
 
 def test_unknown_level():
-    with pytest.raises(ValueError, match=r"'expert'.*basic, intermediate, two_step, multi_step, advanced"):
+    with pytest.raises(ValueError, match=r"'expert'.*basic, intermediate, two_step, three_step, multi_step, advanced"):
         generate("expert", 3, seed=0)
 
 
@@ -364,7 +379,7 @@ def test_build_examples_rejects_bad_names():
         build_examples("mathqa", "train", size=1, seed=0)
     with pytest.raises(ValueError, match=r"'dev'.*train, validation, test"):
         build_examples("basic", "dev", size=1, seed=0)
-    assert DATASETS == ("basic", "intermediate", "two_step", "multi_step", "advanced", "gsm8k", "prompts")
+    assert DATASETS == ("basic", "intermediate", "two_step", "three_step", "multi_step", "advanced", "gsm8k", "prompts")
 
 
 def test_to_messages():

@@ -225,7 +225,7 @@ def test_entrypoint_bad_input_exits_2_with_one_line(tmp_path, case):
     args, needle = {
         "missing": (["checkpoint=/no/such/run"], "checkpoint=/no/such/run does not exist"),
         "not_a_model": ([f"checkpoint={tmp_path}"], "holds no model"),
-        "unknown_set": (["eval.sets=[basic,expert]"], "valid sets: advanced, basic, gsm8k, intermediate, multi_step, prompts, two_step"),
+        "unknown_set": (["eval.sets=[basic,expert]"], "valid sets: advanced, basic, gsm8k, intermediate, multi_step, prompts, three_step, two_step"),
         "bad_jsonl": (["eval.sets=[gsm8k]", f"stage.path={tmp_path / 'bad.jsonl'}"], "bad.jsonl, line 2"),
     }[case]
     (tmp_path / "bad.jsonl").write_text(json.dumps(GSM8K_ROWS[0]) + "\n{not json\n")
