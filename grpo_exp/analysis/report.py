@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from grpo_exp.base.run_files import (BEFORE_AFTER_FILE, CURRICULUM_FILE, ERROR_FILE, EVAL_FILE, HISTORY_FILE, METRICS_FILE,
-                                     STATUS_FILE, VALIDATION_START_FILE)
+                                     STATUS_FILE, VALIDATION_START_FILE, skipped_job)
 from grpo_exp.analysis import aggregates, compute_curve, ewc_summary, plots, seed_summary, study, tables
 from grpo_exp.analysis.tables import to_markdown
 from grpo_exp.base.io import eval_sets, read_jsonl
@@ -77,7 +77,8 @@ def _sort_key(path: Path):
 
 
 def find_jobs(path: str | Path) -> list[Path]:
-    """The job directories under a multirun directory, or the directory itself when it is a run."""
+    """The job directories under a multirun directory, or the directory itself when it is a run; a sweep job its
+    study skipped (curriculum.method_seeds) is not a run."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory")
@@ -88,7 +89,7 @@ def find_jobs(path: str | Path) -> list[Path]:
         found = sorted((p for p in path.iterdir() if p.is_dir() and _is_job(p)), key=_sort_key)
     if not found:  # one level further down, e.g. a folder of sweeps
         found = sorted({p.parent.parent for p in path.glob("*/*/.hydra/overrides.yaml")})
-    return found
+    return [p for p in found if not skipped_job(p)]
 
 
 def parse_overrides(items) -> dict[str, str]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_exp.base.run_files import COMPLETIONS_FILE, CURRICULUM_FILE, EVAL_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE
+from grpo_exp.base.run_files import (COMPLETIONS_FILE, CURRICULUM_FILE, EVAL_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE,
+                                     skipped_job)
 from grpo_exp.analysis import report
 from grpo_exp.base.io import read_jsonl
 
@@ -50,11 +51,12 @@ def _walk(root: Path):
 
 
 def find_runs(root: str | Path) -> list[Path]:
-    """Every run (job) directory under root, the sweeps' jobs included, oldest path first."""
+    """Every run (job) directory under root, the sweeps' jobs included (not one its study skipped), oldest path
+    first."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return [path for path, _, job in _walk(root) if job]
+    return [path for path, _, job in _walk(root) if job and not skipped_job(path)]
 
 
 def find_sweeps(root: str | Path) -> list[Path]:

@@ -13,6 +13,13 @@ from grpo_exp.base.io import eval_sets
 
 def train_task(cfg) -> dict:
     """One stage, or the whole curriculum when cfg.curriculum.stages is set."""
+    left_out = left_out_of_study(cfg)
+    if left_out:
+        from grpo_exp.base import log
+        from grpo_exp.base.run_files import SKIPPED
+
+        log.get_logger(__name__).info("%s", left_out)
+        return {"status": SKIPPED}
     if isinstance(cfg.resume, str):  # resume=<run dir>: continue that directory, not the new Hydra one
         cfg.paths.output_dir = cfg.resume
     if cfg.curriculum.stages:
@@ -36,6 +43,22 @@ def train_task(cfg) -> dict:
     if cfg.eval.after_train and cfg.eval.split == "validation":
         result = {**result, VALIDATION_ACCURACY: validation_accuracy(result.get("eval"), cfg.stage.name)}
     return result
+
+
+def left_out_of_study(cfg) -> str | None:
+    """Why this sweep job is skipped (its method runs on other seeds: curriculum.method_seeds), or None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not cfg.curriculum.get("method_seeds") or not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    method = hydra_cfg.runtime.choices.get("method")
+    seeds = (cfg.curriculum.method_seeds or {}).get(method)
+    if hydra_cfg.mode != RunMode.MULTIRUN or seeds is None or int(cfg.train.seed) in list(seeds):
+        return None
+    return (f"skipped: method={method} runs on train.seed {', '.join(map(str, seeds))} in this study "
+            f"(curriculum.method_seeds), not on {cfg.train.seed}")
 
 
 # the result's key (not written to metrics.json) for the objective of a run scored on validation after training

@@ -9,6 +9,7 @@ METRICS_FILE = "metrics.json"  # the stage's figures; its status "completed" mar
 HISTORY_FILE = "history.jsonl"  # one line per step
 COMPLETIONS_FILE = "completions.jsonl"  # a sample of prompts, completions and rewards
 STATUS_FILE = "status.json"  # how the job ended (apps/task)
+SKIPPED = "skipped"  # status.json's status of a sweep job its study leaves out (curriculum.method_seeds): no run
 ERROR_FILE = "error.txt"  # the traceback of a failed job
 EVAL_FILE = "eval.json"  # the trained model on eval.split
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"  # every completion of that evaluation
@@ -29,6 +30,17 @@ PEFT_SETTINGS_FILE = "grpo_exp_peft.json"  # in adapter/: the peft.* settings an
 # what a run logs about held-out problems (periodic evaluation, forgetting, drift): kept under their own names by
 # the loggers, apart from the training figures
 HELD_OUT_PREFIXES = ("eval/", "forgetting/", "drift/")
+
+
+def skipped_job(path) -> bool:
+    """Whether the directory is a sweep job that was skipped (status.json says so): a directory, not a run."""
+    import json
+    from pathlib import Path
+
+    try:
+        return json.loads((Path(path) / STATUS_FILE).read_text()).get("status") == SKIPPED
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def stage_dir_name(index: int, stage: str) -> str:

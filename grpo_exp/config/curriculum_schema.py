@@ -74,6 +74,11 @@ class CurriculumConfig:
     # sequential: a stage's own recipe, as overrides applied to that stage only, after the command line's, e.g.
     # {two_step: ["train.dynamic_sampling=true"]}: the ladder's per-stage settings, which stage=<name> alone keeps
     stage_overrides: Dict[str, List[str]] = field(default_factory=dict)
+    # a study's seeds per method (experiment=continual): per conf/method option, the train.seed values its sweep jobs
+    # run; a sweep job of that method on another seed is skipped before any model loads (status.json `skipped`,
+    # nothing trained, left out of reports), so one command gives some methods fewer seeds; a method not named here
+    # runs on every seed of the sweep
+    method_seeds: Dict[str, List[int]] = field(default_factory=dict)
     # adaptive: the target band [low, high] of a stage's pass rate (its zone of proximal development)
     band: List[float] = field(default_factory=lambda: [0.2, 0.8])
     pass_rate_decay: float = 0.8  # adaptive: EMA of each stage's pass rate, p <- decay p + (1 - decay) p_round
@@ -122,6 +127,12 @@ class CurriculumConfig:
                     f"curriculum at another run's accuracy there, but this run has curriculum.mode={curriculum.mode} "
                     f"and curriculum.stages={list(curriculum.stages)}; use it with curriculum=progressive, or drop it")
         CurriculumConfig._check_stage_overrides(curriculum)
+        methods = tuple(group_options("method"))
+        for method, seeds in dict(curriculum.get("method_seeds") or {}).items():
+            require_choice("curriculum.method_seeds entry", method, methods)
+            require(bool(seeds) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds),
+                    f"curriculum.method_seeds.{method}={list(seeds or [])!r} must be a non-empty list of train.seed "
+                    f"values (integers)")
         band = list(curriculum.band)
         require(len(band) == 2, f"curriculum.band={band} must be two pass rates [low, high] in [0, 1]")
         require(all(math.isfinite(b) and 0 <= b <= 1 for b in band),

@@ -86,6 +86,9 @@ def test_train_config_maps_onto_grpo_config(tmp_path):
     (["experiment=compute_curve", "train.lr_scheduler_type=linear"],
      "train.lr_scheduler_type=linear decays towards train.max_steps"),
     (["curriculum=progressive", "curriculum.stages=[basic,expert,two_step]"], "expert"),
+    # a study's seeds per method: a method option and a list of seeds
+    (["+curriculum.method_seeds.replya=[1]"], "curriculum.method_seeds entry='replya' is not valid; choose one of:"),
+    (["+curriculum.method_seeds.replay=[]"], "curriculum.method_seeds.replay=[] must be a non-empty list"),
 ])
 def test_semantic_errors_are_one_line(tmp_path, overrides, needle):
     cfg = compose_cfg(overrides, tmp_path)

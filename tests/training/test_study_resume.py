@@ -22,6 +22,20 @@ def _files(job):
             if p.is_file() and p.name != "status.json"}
 
 
+def test_a_method_with_fewer_seeds_skips_its_other_seeds_before_anything_loads(tmp_path):
+    # experiment=continual runs replay on seeds 42, 1 and 2 only (curriculum.method_seeds): its seed-3 job ends at once
+    sweep = tmp_path / "continual"
+    done = run_module("grpo_exp.train", *STUDY, "method=replay", f"hydra.sweep.dir={sweep}", env={"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = sweep / "seed3_replay"
+    assert json.loads((job / "status.json").read_text())["status"] == "skipped"
+    assert not _files(job) and not (job / "1_basic").exists()  # nothing trained, nothing scored
+    assert "skipped: method=replay runs on train.seed 42, 1, 2 in this study" in done.stdout + done.stderr
+    from grpo_exp.analysis import report, runs
+
+    assert report.find_jobs(sweep) == [] and runs.find_runs(tmp_path) == []  # not a run to report
+
+
 @pytest.mark.slow
 def test_a_half_finished_study_continues_and_refuses_changed_settings(tmp_path):
     sweep = tmp_path / "continual"
