@@ -22,6 +22,7 @@ def _files(job):
             if p.is_file() and p.name != "status.json"}
 
 
+@pytest.mark.slow
 def test_a_method_with_fewer_seeds_skips_its_other_seeds_before_anything_loads(tmp_path):
     # experiment=continual runs replay on seeds 42, 1 and 2 only (curriculum.method_seeds): its seed-3 job ends at once
     sweep = tmp_path / "continual"
