@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from grpo_exp.base.run_files import (BEFORE_AFTER_FILE, CURRICULUM_FILE, ERROR_FILE, EVAL_FILE, HISTORY_FILE, METRICS_FILE,
-                                     STATUS_FILE, VALIDATION_START_FILE, skipped_job)
+                                     STATUS_FILE, VALIDATION_START_FILE, skipped_job, training_pid)
 from grpo_exp.analysis import aggregates, compute_curve, ewc_summary, plots, seed_summary, study, tables
 from grpo_exp.analysis.tables import to_markdown
 from grpo_exp.base.io import eval_sets, read_jsonl
@@ -161,8 +161,11 @@ def load_job(job: Path, root: Path | None = None) -> dict:
     status = status_info.get("status") or (metrics or {}).get("status")
     if status is None:
         status = "completed" if has_results else "failed"
+    running = status != "completed" and training_pid(job) is not None
+    if running:  # training now (a first attempt, or one resumed after a failure or a stop): not a failure
+        status = "running"
     row["status"] = status
-    error = status_info.get("error")
+    error = None if running else status_info.get("error")
     if status == "failed" and not error:
         error = _last_error_line(job / ERROR_FILE) or "no metrics.json (the job did not finish)"
     row["error"] = error

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from grpo_exp.base.run_files import (COMPLETIONS_FILE, CURRICULUM_FILE, EVAL_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE,
+from grpo_exp.base.run_files import (COMPLETIONS_FILE, CURRICULUM_FILE, EVAL_FILE, METRICS_FILE, STATUS_FILE,
                                      skipped_job)
 from grpo_exp.analysis import report
 from grpo_exp.base.io import read_jsonl
@@ -82,40 +82,9 @@ def empty_message(root: str | Path) -> str:
             f"Start one in the Launch tab, or point the app at another folder with --outputs.")
 
 
-def training_pid(run_dir: Path) -> int | None:
-    """The PID of the process training in run_dir (or in one of its curriculum stages) now, else None.
-
-    The trainer writes its PID into <run dir>/.lock while it holds the lock and empties it on release; a
-    live PID there means a run in progress. Only read, never locked: taking the lock, even shared, could
-    make a run starting at that instant fail as "in use"."""
-    import os
-
-    for lock in [run_dir / LOCK_FILE, *sorted(run_dir.glob(f"*/{LOCK_FILE}"))]:
-        try:
-            text = lock.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            try:
-                os.kill(int(text), 0)
-            except ProcessLookupError:
-                continue  # a process that died without releasing: the kernel dropped its lock
-            except PermissionError:
-                pass  # alive, someone else's
-            return int(text)
-    return None
-
-
 def load(paths: list[Path], root: str | Path) -> list[dict]:
-    """report.load_job for each run directory, labelled relative to root; a run still training is
-    "running", not the "failed" its missing metrics.json would make it."""
-    jobs = []
-    for path in paths:
-        job = report.load_job(Path(path), root=Path(root))
-        if job["row"].get("status") in ("failed", None) and training_pid(Path(path)) is not None:
-            job["row"].update(status="running", error=None)
-        jobs.append(job)
-    return jobs
+    """report.load_job for each run directory, labelled relative to root (a run still training is "running")."""
+    return [report.load_job(Path(path), root=Path(root)) for path in paths]
 
 
 def overview(root: str | Path) -> pd.DataFrame:

@@ -43,6 +43,33 @@ def skipped_job(path) -> bool:
         return False
 
 
+def training_pid(run_dir) -> int | None:
+    """The PID of the process training in run_dir (or in one of its curriculum stages) now, else None.
+
+    The trainer writes its PID into <run dir>/.lock while it holds the lock and empties it on release; a
+    live PID there means a run in progress. Only read, never locked: taking the lock, even shared, could
+    make a run starting at that instant fail as "in use"."""
+    import os
+    from pathlib import Path
+
+    run_dir = Path(run_dir)
+
+    for lock in [run_dir / LOCK_FILE, *sorted(run_dir.glob(f"*/{LOCK_FILE}"))]:
+        try:
+            text = lock.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            try:
+                os.kill(int(text), 0)
+            except ProcessLookupError:
+                continue  # a process that died without releasing: the kernel dropped its lock
+            except PermissionError:
+                pass  # alive, someone else's
+            return int(text)
+    return None
+
+
 def stage_dir_name(index: int, stage: str) -> str:
     """A curriculum stage's directory in its run: 1_basic, 2_intermediate, ... (index from 0)."""
     return f"{index + 1}_{stage}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_exp.analysis import runs
+from grpo_exp.analysis import report, runs
 
 
 def write_run(path: Path, *, history=(), completions=(), status="completed", funcs=("correctness", "answer_format"),
@@ -86,5 +86,10 @@ def test_a_run_still_training_is_running_not_failed(tmp_path):
     (run / ".hydra").mkdir(parents=True)  # no metrics.json yet
     (run / ".lock").write_text(str(os.getpid()))  # what the trainer writes while it holds the lock
     assert runs.load([run], tmp_path)[0]["row"]["status"] == "running"
+    # resumed after a failed attempt: running, without the old error; grpo-report reads it the same way
+    (run / "status.json").write_text('{"status": "failed", "error": "ValueError: boom"}')
+    row = report.load_job(run, root=tmp_path)["row"]
+    assert (row["status"], row["error"]) == ("running", None)
     (run / ".lock").write_text("")  # released
     assert runs.load([run], tmp_path)[0]["row"]["status"] == "failed"
+    assert report.load_job(run, root=tmp_path)["row"]["error"] == "ValueError: boom"

@@ -26,7 +26,8 @@ def _files(job):
 def test_a_method_with_fewer_seeds_skips_its_other_seeds_before_anything_loads(tmp_path):
     # experiment=continual runs replay on seeds 42, 1 and 2 only (curriculum.method_seeds): its seed-3 job ends at once
     sweep = tmp_path / "continual"
-    done = run_module("grpo_exp.train", *STUDY, "method=replay", f"hydra.sweep.dir={sweep}", env={"HF_HUB_OFFLINE": "1"})
+    done = run_module("grpo_exp.train", *STUDY, "method=replay", f"hydra.sweep.dir={sweep}",
+                      env={"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     job = sweep / "seed3_replay"
     assert json.loads((job / "status.json").read_text())["status"] == "skipped"
