@@ -1,5 +1,6 @@
 """The names of a run directory's files (docs/architecture.md, "The run directory"): the interface between
-training, evaluation, the report, the web app and the user, so each is spelled once, here."""
+training, evaluation, the report, the web app and the user, so each is spelled once, here; and the two readings of
+a job directory that the report and the web app share (a skipped sweep job, a run still training)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,6 @@ def training_pid(run_dir) -> int | None:
     from pathlib import Path
 
     run_dir = Path(run_dir)
-
     for lock in [run_dir / LOCK_FILE, *sorted(run_dir.glob(f"*/{LOCK_FILE}"))]:
         try:
             text = lock.read_text().strip()
