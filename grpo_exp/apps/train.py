@@ -54,7 +54,7 @@ def left_out_of_study(cfg) -> str | None:
         return None
     hydra_cfg = HydraConfig.get()
     method = hydra_cfg.runtime.choices.get("method")
-    seeds = (cfg.curriculum.method_seeds or {}).get(method)
+    seeds = cfg.curriculum.method_seeds.get(method)
     if hydra_cfg.mode != RunMode.MULTIRUN or seeds is None or int(cfg.train.seed) in list(seeds):
         return None
     return (f"skipped: method={method} runs on train.seed {', '.join(map(str, seeds))} in this study "

@@ -277,7 +277,8 @@ class EvalConfig:
     # the held-out split scored after training and by grpo_exp.evaluate: test (report it once) or validation
     # (what sweeps rank on); periodic and forgetting evaluations during training always use validation
     split: str = "test"
-    # names from conf/stage (basic, intermediate, two_step, three_step, multi_step, advanced, gsm8k); empty: the current stage
+    # names from conf/stage (basic, intermediate, two_step, three_step, multi_step, advanced, gsm8k); empty: the
+    # current stage
     sets: List[str] = field(default_factory=list)
     limit: int = 200  # problems per set: a fixed seeded subset of the held-out split
     batch_size: int = 32  # problems per batch through generate (and sampled completions' prompts per batch)
