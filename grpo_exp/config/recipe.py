@@ -60,6 +60,8 @@ class TrainConfig:
     logging_steps: int = 1
     save_steps: int = MISSING
     save_total_limit: Optional[int] = MISSING
+    # a completed stage's checkpoints/ is removed once metrics.json marks it done (run_dir.drop_checkpoints)
+    keep_final_checkpoint: bool = MISSING
     # DAPO's filter_groups (training/dynamic_sampling.py): groups whose correctness is all equal are dropped
     # and replaced by groups of newly drawn prompts, for at most dynamic_sampling_max_draws extra rounds
     dynamic_sampling: bool = False

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -23,9 +24,11 @@ from grpo_exp.base.run_files import (CHECKPOINTS_DIR, COMPLETIONS_FILE, HISTORY_
 from grpo_exp.training import checkpoints, ewc, lora
 
 logger = log.get_logger(__name__)
+REMOVED_SUFFIX = ".removed"  # checkpoints/ renamed before it is removed (drop_checkpoints)
 # May differ on resume: how the run is executed, logged, evaluated or checkpointed, not what it trains.
 FREE_ON_RESUME = ("cpu.", "logger.", "paths.", "eval.", "curriculum.eval_", "resume", "log_level", "task_name",
-                  "completions_every", "train.save_steps", "train.save_total_limit", "train.logging_steps",
+                  "completions_every", "train.save_steps", "train.save_total_limit", "train.keep_final_checkpoint",
+                  "train.logging_steps",
                   "push_to_hub", "hub_model_id", "hub_private")
 
 
@@ -99,6 +102,8 @@ def open_run_dir(cfg: Any, run_dir: Path, plan) -> tuple[dict | None, Path | Non
         finished = finished_metrics(run_dir)
         if finished is not None:
             logger.info("%s already finished stage %s; not retrained", run_dir, finished.get("stage"))
+            if not cfg.train.get("keep_final_checkpoint", False):  # one finished before checkpoints were dropped
+                drop_checkpoints(run_dir)
             return finished, None
     record_or_compare(cfg, run_dir, plan)  # resume=true trains what the run was started with, or says what differs
     return None, _prepare_resume(run_dir) if cfg.resume else None
@@ -111,6 +116,22 @@ def finished_metrics(run_dir: Path) -> dict | None:
         return None
     metrics = json.loads(path.read_text())
     return metrics if metrics.get("status") == "completed" else None
+
+
+def drop_checkpoints(run_dir: Path) -> None:
+    """A completed stage's checkpoints/ removed: nothing reads it again (metrics.json marks the stage done, model/
+    holds its weights), and each checkpoint holds the weights and AdamW's two moments, three times model/'s size.
+    Renamed first, so that a kill during the removal leaves no checkpoint that looks whole."""
+    ckpt_dir = run_dir / CHECKPOINTS_DIR
+    doomed = run_dir / (CHECKPOINTS_DIR + REMOVED_SUFFIX)
+    if ckpt_dir.is_dir():
+        size = sum(f.stat().st_size for f in ckpt_dir.rglob("*") if f.is_file())
+        if doomed.exists():
+            shutil.rmtree(doomed, ignore_errors=True)
+        ckpt_dir.rename(doomed)
+        logger.info("removed %s (%.2f GB): the stage is complete and model/ holds its weights "
+                    "(train.keep_final_checkpoint=true keeps it)", ckpt_dir, size / 1e9)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _prepare_resume(run_dir: Path) -> Path | None:

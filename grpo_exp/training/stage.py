@@ -334,4 +334,6 @@ class StageRun:
         metrics["wall_time_s"] = time.time() - self.started
         # Written last: its "completed" status is what marks the stage as done for resume.
         run_directory.write_metrics(run_dir, metrics)
+        if not cfg.train.keep_final_checkpoint:
+            run_directory.drop_checkpoints(run_dir)
         return metrics

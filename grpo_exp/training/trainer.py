@@ -27,7 +27,7 @@ logger = log.get_logger(__name__)
 
 # TrainConfig fields that are not GRPOConfig fields of the same name.
 _NOT_GRPO_FIELDS = {"precision", "extra", "dynamic_sampling", "dynamic_sampling_max_draws", "method", "stop_at_accuracy",
-                    "anytime"}
+                    "anytime", "keep_final_checkpoint"}
 
 
 class LossTerm(Protocol):

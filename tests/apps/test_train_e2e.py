@@ -52,9 +52,9 @@ def test_entrypoint_runs_as_a_user_would(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["steps"] == 3
-    # three saves, and the default train.save_total_limit=1 keeps only the newest (each is ~1.6 GB for the
-    # default model)
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-3"]
+    # three saves, none left once the run completed (train.keep_final_checkpoint=false): model/ holds the weights
+    assert not (run_dir / "checkpoints").exists() and not list(run_dir.glob("checkpoints*"))
+    assert "train.keep_final_checkpoint=true keeps it" in (run_dir / "train.log").read_text()
     # set before torch loaded, so OpenMP ran with it (a late setting would warn and leave it unset)
     assert metrics["cpu_omp_wait_policy"] == "PASSIVE"
     assert metrics["cpu_malloc"] == "retain"  # cpu.malloc=auto on glibc

@@ -254,7 +254,8 @@ def stage_passes(monkeypatch):
 
 def _adaptive_cfg(tmp_path, *extra):
     return compose_cfg([*FAST, "curriculum=adaptive", "curriculum.stages=[basic,intermediate,advanced]",
-                        "eval.after_train=false", "train.save_total_limit=null", *extra], tmp_path)
+                        "eval.after_train=false", "train.save_total_limit=null", "train.keep_final_checkpoint=true",
+                        *extra], tmp_path)
 
 
 @pytest.mark.slow

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.slow
 
 STEPS = 4
 RUN = ["debug=smoke", "logger=none", "reward.funcs=[vowel_fraction]", "reward.weights=[1.0]",
-       "train.learning_rate=1e-3", "train.save_total_limit=null", "train.precision=fp32", f"train.max_steps={STEPS}",
+       "train.learning_rate=1e-3", "train.save_total_limit=null", "train.keep_final_checkpoint=true",
+       "train.precision=fp32", f"train.max_steps={STEPS}",
        "train.save_steps=2", "ewc.lambda=1", "ewc.fisher_samples=6", "ewc.fisher_batch_size=2",
        "eval.every_steps=2"]
 # the same global batch: 2 processes x 2 completions per step, or 1 process x 4

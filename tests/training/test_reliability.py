@@ -21,7 +21,7 @@ from grpo_exp.base.io import read_jsonl
 from tests.conftest import ROOT, compose_cfg
 
 SPREAD = ["debug=smoke", "logger=none", "reward.funcs=[vowel_fraction]", "reward.weights=[1.0]",
-          "train.learning_rate=1e-3", "train.save_total_limit=null"]
+          "train.learning_rate=1e-3", "train.save_total_limit=null", "train.keep_final_checkpoint=true"]
 
 
 def _start(run_dir: Path, *extra: str, env: dict | None = None, log=subprocess.PIPE) -> subprocess.Popen:

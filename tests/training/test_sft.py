@@ -46,7 +46,7 @@ def test_the_loss_covers_the_worked_solution_and_not_the_prompt(tmp_path):
 def test_a_short_sft_stage_lowers_its_loss_and_writes_the_runs_files(tmp_path):
     run_dir = tmp_path / "run"
     cfg = compose_cfg([*SFT, "train.max_steps=6", "train.learning_rate=3e-3", "train.lr_scheduler_type=constant",
-                       "train.save_steps=3", "eval.every_steps=null"], run_dir)
+                       "train.save_steps=3", "eval.every_steps=null", "train.keep_final_checkpoint=true"], run_dir)
     validate(cfg)
     metrics = stage.train(cfg)
     assert metrics["status"] == "completed" and metrics["steps"] == 6
@@ -56,6 +56,8 @@ def test_a_short_sft_stage_lowers_its_loss_and_writes_the_runs_files(tmp_path):
     assert json.loads((run_dir / "speed_plan.json").read_text())["speed.method"] == "sft"
     assert "supervised fine-tuning on worked solutions" in (run_dir / "model" / "README.md").read_text()
     assert (run_dir / "checkpoints" / "checkpoint-6" / "grpo_exp_state.json").is_file()
+    # saved at steps 3 and 6; the default train.save_total_limit=1 keeps the newest
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["checkpoint-6"]
     assert "basic" in metrics["eval"]
 
 

@@ -17,9 +17,9 @@ STUDY = ["-m", "experiment=continual", "debug=smoke", "train.seed=3", "train.max
 
 
 def _files(job):
-    """Every JSON file a job wrote but status.json, which keeps each attempt (checked apart)."""
+    """Every JSON file a job wrote but status.json, which keeps each attempt (checked apart), and its checkpoints'."""
     return {p.relative_to(job): p.read_bytes() for p in sorted(job.rglob("*.json"))
-            if p.is_file() and p.name != "status.json"}
+            if p.is_file() and p.name != "status.json" and "checkpoints" not in p.relative_to(job).parts}
 
 
 @pytest.mark.slow
@@ -42,10 +42,13 @@ def test_a_method_with_fewer_seeds_skips_its_other_seeds_before_anything_loads(t
 def test_a_half_finished_study_continues_and_refuses_changed_settings(tmp_path):
     sweep = tmp_path / "continual"
     env = {"HF_HUB_OFFLINE": "1"}
-    # the first job only: as a study stopped after it (the EWC job trains every stage and keeps its Fisher)
-    first = run_module("grpo_exp.train", *STUDY, "method=ewc", f"hydra.sweep.dir={sweep}", env=env)
+    # the first job only: as a study stopped after it (the EWC job trains every stage and keeps its Fisher), and as
+    # a version that kept each finished stage's checkpoint left it
+    first = run_module("grpo_exp.train", *STUDY, "method=ewc", "train.keep_final_checkpoint=true",
+                       f"hydra.sweep.dir={sweep}", env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     ewc_job = sweep / "seed3_ewc"
+    assert len(list(ewc_job.glob("*/checkpoints/checkpoint-*"))) == 2
     assert json.loads((ewc_job / "curriculum.json").read_text())["stages"] == ["basic", "intermediate"]
     finished = _files(ewc_job)
 
@@ -53,6 +56,7 @@ def test_a_half_finished_study_continues_and_refuses_changed_settings(tmp_path):
     again = run_module("grpo_exp.train", *STUDY, "method=ewc,grpo", f"hydra.sweep.dir={sweep}", env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert _files(ewc_job) == finished
+    assert not list(sweep.rglob("checkpoints*"))  # the kept job's stages dropped theirs, the new job's never kept any
     # its status keeps the first attempt's wall time, the job minutes the report gives, beside the second's
     status = json.loads((ewc_job / "status.json").read_text())
     assert [a["status"] for a in status["attempts"]] == ["completed", "completed"]

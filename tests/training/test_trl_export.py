@@ -272,7 +272,8 @@ def test_a_trained_run_exports_the_args_its_trainer_saved(tmp_path):
     (training_args.bin in the checkpoint) equals what TRL parses from the exported file."""
     run = tmp_path / "run"
     proc = run_module("grpo_exp.train", "debug=smoke", "logger=none", "eval.after_train=false",
-                      "eval.every_steps=null", "cpu.threads=1", f"hydra.run.dir={run}", env={"HF_HUB_OFFLINE": "1"})
+                      "eval.every_steps=null", "cpu.threads=1", "train.keep_final_checkpoint=true",
+                      f"hydra.run.dir={run}", env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "grpo.yaml"
     proc = run_module("grpo_exp.export_trl", str(run), "--out", str(out), timeout=120)

@@ -23,7 +23,7 @@ from grpo_exp.evaluation.continual import format_gains, forward_transfer, stage_
 from grpo_exp.training.curriculum import branch, match, record
 from grpo_exp.training.curriculum.overrides import check_stages, compose_stage, stage_overrides
 from grpo_exp.training.curriculum.record import check_eval_sets, earlier_result, fmt, format_table, new_result, score_base
-from grpo_exp.training.run_dir import finished_metrics
+from grpo_exp.training.run_dir import drop_checkpoints, finished_metrics
 from grpo_exp.training.stage import train
 
 logger = log.get_logger(__name__)
@@ -75,6 +75,8 @@ def run_curriculum(cfg, user_overrides: list[str]) -> dict:
         kept_bits = earlier.get("correct", {}).get("rows", []) if earlier else []
         if done is not None and i < len(kept_bits) and finished_metrics(out_dir) is not None:
             logger.info("curriculum stage %d/%d: %s already finished; kept", i + 1, len(stages), stage)
+            if main and not stage_cfgs[i].train.keep_final_checkpoint:  # one finished before they were dropped
+                drop_checkpoints(out_dir)
             result["matrix"].append(earlier["matrix"][i])
             result["correct"]["rows"].append(kept_bits[i])
             result["stage_metrics"].append(done)
