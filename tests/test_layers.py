@@ -133,3 +133,26 @@ def test_docs_architecture_lists_every_module():
         if len(parts) >= 2 and parts[0] in LAYERS and not _listed(cells[parts[0]], tuple(parts[1:]), is_package):
             missing.append(module)
     assert not missing, f"docs/architecture.md's layer table does not list: {missing}"
+
+
+def late_imports(source: str) -> list[str]:
+    """Module-level imports after the `if __name__ == "__main__":` block: `python -m` runs main() before them, so a
+    name they bind is undefined there while an import of the module (as the tests do) finds it."""
+    body, late, guarded = ast.parse(source).body, [], False
+    for node in body:
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test):
+            guarded = True
+        elif guarded and isinstance(node, (ast.Import, ast.ImportFrom)):
+            late.append(ast.unparse(node))
+    return late
+
+
+def test_no_module_imports_after_its_main_block():
+    late = {m: found for m, p in modules().items() if (found := late_imports(p.read_text()))}
+    assert not late, f"imports after `if __name__ == '__main__':` (undefined when run with python -m): {late}"
+
+
+def test_the_late_import_check_catches_one():
+    source = 'import sys\n\ndef main():\n    return X\n\nif __name__ == "__main__":\n    main()\nfrom m import X\n'
+    assert late_imports(source) == ["from m import X"]
+    assert late_imports(source.replace("\nfrom m import X\n", "\n")) == []

@@ -32,7 +32,8 @@ ROUND_KEY = "rewards/correctness/mean"  # logged once per generation round
 
 
 def eval_figures(eval_dir: Path) -> dict:
-    """The stage's greedy accuracy and sampled pass@1 (with its bootstrap interval) from eval.json."""
+    """The stage's greedy accuracy, sampled pass@1 (with its bootstrap interval) and every pass@k it holds (k > 1,
+    with theirs) from eval.json."""
     data = json.loads((eval_dir / EVAL_FILE).read_text())
     (stage, m), = data["sets"].items()
     if "sampled_pass_at_1" not in m:
@@ -40,7 +41,16 @@ def eval_figures(eval_dir: Path) -> dict:
     return {"stage": stage, "n": m["n"], "greedy": m["accuracy"], "pass1": m["sampled_pass_at_1"],
             "pass1_ci": m["sampled_pass_at_1_ci95"], "samples": m["pass_samples"] * m["n"],
             "temperature": m["pass_temperature"], "mean_tokens": m["mean_completion_tokens"],
-            "split": data["config"].get("split", "?")}
+            "split": data["config"].get("split", "?"),
+            "pass_k": {int(k): (v, m.get("pass_at_k_ci95", {}).get(k)) for k, v in m.get("pass_at_k", {}).items()
+                       if int(k) > 1}}
+
+
+def _pass_k(ev: dict) -> str:
+    """', pass@8 0.285 [0.225, 0.345]' for each k > 1 of the evaluation: how many problems a group of k holds a
+    correct answer for, the share a GRPO group of that size can learn from."""
+    return "".join(f", pass@{k} {v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+                   for k, (v, ci) in sorted(ev["pass_k"].items()))
 
 
 def run_figures(job: dict, per_round: int) -> dict:
@@ -151,7 +161,7 @@ def write_page(eval_dir: Path, run_dirs: list[Path], page: Path, machine: str | 
              "<!-- Written by grpo_exp.apps.sampling_gap from the runs' files; do not edit: rerun the page's command. -->",
              "", *provenance.header(jobs + [runs.load([eval_dir], page.parent)[0]], command, machine), "",
              f"Stage `{ev['stage']}`; temperature {ev['temperature']}; greedy accuracy of the evaluated model "
-             f"{ev['greedy']:.3f} on {ev['n']} {ev['split']} problems.", "",
+             f"{ev['greedy']:.3f} on {ev['n']} {ev['split']} problems{_pass_k(ev)}.", "",
              markdown_table(["sampled by", "completions", "correct [95% CI]", "first round", "by thirds of the run",
                              "mean tokens", "clipped"], rows), "",
              "Intervals: pass@1's is a bootstrap over problems (eval.json); a run's is Wilson over its completions "

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from grpo_exp.base import log
+from grpo_exp.base.run_files import EVAL_FILE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,4 +40,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-from grpo_exp.base.run_files import EVAL_FILE

@@ -102,7 +102,7 @@ def open_run_dir(cfg: Any, run_dir: Path, plan) -> tuple[dict | None, Path | Non
         finished = finished_metrics(run_dir)
         if finished is not None:
             logger.info("%s already finished stage %s; not retrained", run_dir, finished.get("stage"))
-            if not cfg.train.get("keep_final_checkpoint", False):  # one finished before checkpoints were dropped
+            if not cfg.train.keep_final_checkpoint:  # one finished before checkpoints were dropped
                 drop_checkpoints(run_dir)
             return finished, None
     record_or_compare(cfg, run_dir, plan)  # resume=true trains what the run was started with, or says what differs

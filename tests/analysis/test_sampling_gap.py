@@ -33,14 +33,17 @@ def test_run_without_rounds_is_refused():
 def _eval_dir(tmp_path, sampled: bool):
     stage = {"n": 10, "accuracy": 0.2, "mean_completion_tokens": 12.0}
     if sampled:
-        stage.update(sampled_pass_at_1=0.15, sampled_pass_at_1_ci95=[0.1, 0.2], pass_samples=8, pass_temperature=0.8)
+        stage.update(sampled_pass_at_1=0.15, sampled_pass_at_1_ci95=[0.1, 0.2], pass_samples=8, pass_temperature=0.8,
+                     pass_at_k={"1": 0.15, "8": 0.4}, pass_at_k_ci95={"1": [0.1, 0.2], "8": [0.3, 0.5]})
     (tmp_path / "eval.json").write_text(json.dumps({"config": {"split": "validation"}, "sets": {"two_step": stage}}))
     return tmp_path
 
 
-def test_eval_figures_read_pass1_and_its_interval(tmp_path):
+def test_eval_figures_read_pass1_pass_k_and_their_intervals(tmp_path):
     ev = sampling_gap.eval_figures(_eval_dir(tmp_path, sampled=True))
     assert (ev["stage"], ev["pass1"], ev["samples"], ev["split"]) == ("two_step", 0.15, 80, "validation")
+    assert ev["pass_k"] == {8: (0.4, [0.3, 0.5])}
+    assert sampling_gap._pass_k(ev) == ", pass@8 0.400 [0.300, 0.500]"  # the page's line about the evaluation
 
 
 def test_greedy_only_evaluation_is_refused(tmp_path):
