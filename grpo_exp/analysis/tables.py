@@ -167,8 +167,12 @@ def sections(jobs: list[dict], df: pd.DataFrame, labels: list[str], seed_labels:
                                "in history.jsonl: CPU seconds inside optimizer steps, all threads, / 60 = core-minutes), "
                                "fitted with R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (ScaleRL; R0 the starting level, "
                                "measured): per variant the mean over its seeds and the 95% t interval of the asymptote "
-                               "A, the efficiency B and the midpoint C_mid (core-minutes to half the gain), and the "
-                               "last accuracy measured. Only jobs with at least 4 evaluations after the start.",
+                               "A, the efficiency B and the midpoint C_mid (core-minutes to half the gain), the fitted "
+                               f"accuracy at {compute_curve.BUDGET_CORE_MIN:g} core-minutes (10 minutes of training on "
+                               f"2 cores), the core-minutes the fit needs to reach {compute_curve.TARGET:.2f} (none "
+                               "where its asymptote is not above it; past the compute a run trained, the curve's "
+                               "extrapolation), and the last accuracy measured. Only jobs with "
+                               "at least 4 evaluations after the start.",
                                curves))
     return out
 

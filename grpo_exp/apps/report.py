@@ -35,8 +35,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compare", metavar="PAGE_OR_RUN_DIR",
                         help="compare the runs given (dirs) with a results page or a run directory: per figure the "
                              "page's mean and seed spread, yours, and whether yours falls inside it")
-    parser.add_argument("--table", choices=[*NAMES, *BENCH_NAMES],
-                        help="print this table of the page (Markdown) and write nothing; a bench's: "
+    from grpo_exp.analysis import PER_SET_TABLES, is_table
+
+    names = [*NAMES, *(f"{prefix}_<set>" for prefix in PER_SET_TABLES)]
+
+    def table(name: str) -> str:
+        if is_table(name) or name in BENCH_NAMES:
+            return name
+        raise argparse.ArgumentTypeError(f"invalid choice: '{name}' (choose from {', '.join(names + list(BENCH_NAMES))})")
+
+    parser.add_argument("--table", type=table, metavar="NAME",
+                        help=f"print this table of the page (Markdown) and write nothing: {', '.join(names)} (the "
+                             f"set a run trained or evaluated, as the page names it); a bench's: "
                              + ", ".join(BENCH_NAMES))
     args = parser.parse_args(argv)
     if args.machine and not args.page:

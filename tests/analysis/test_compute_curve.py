@@ -63,3 +63,29 @@ def test_the_plot_follows_the_stage_the_jobs_trained_on():
     assert compute_curve.trained_set(jobs) == "two_step" and compute_curve.trained_set([]) == "basic"
     assert compute_curve.fits(jobs, ["a", "a"], "basic") == []
     assert len(compute_curve.fits(jobs, ["a", "a"], compute_curve.trained_set(jobs))) == 2
+
+
+def test_the_budget_and_target_read_off_each_fit():
+    fitted = {"start": 0.15, "asymptote": 0.55, "efficiency": 1.5, "mid_core_min": 20.0}
+    reach = compute_curve.compute_to_reach(fitted, 0.50)
+    assert compute_curve.at(fitted, reach) == pytest.approx(0.50)
+    assert compute_curve.at(fitted, 20.0) == pytest.approx(0.35)  # half the gain at the midpoint
+    assert compute_curve.compute_to_reach(fitted, 0.10) == 0.0
+    assert compute_curve.compute_to_reach({**fitted, "asymptote": 0.45}, 0.50) is None
+    assert compute_curve.compute_to_reach({**fitted, "asymptote": 0.50}, 0.50) is None
+
+
+def test_the_table_says_on_how_many_seeds_the_target_is_never_reached():
+    jobs = [_job(0.15, 0.60, 1.5, 20.0, seed=s) for s in range(2)] + [_job(0.15, 0.40, 1.0, 10.0)]
+    jobs += [_job(0.15, 0.60, 1.5, 20.0, seed=5)]
+    labels = ["ablation=none", "ablation=none", "ablation=gens_8", "ablation=gens_8"]
+    table = compute_curve.curve_table(jobs, labels, budget_core_min=20.0, target=0.5)
+    reached = table.loc[0, "core-min to 0.50"]
+    reach = compute_curve.compute_to_reach({"start": 0.15, "asymptote": 0.60, "efficiency": 1.5, "mid_core_min": 20.0},
+                                           0.5)
+    assert reach < 60 and float(reached.split(" ")[0]) == pytest.approx(reach, rel=0.1)
+    assert "extrapolated" not in reached  # the runs trained 60 core-minutes
+    short = compute_curve.curve_table(jobs[:2], labels[:2], target=0.58)  # reached past the compute trained
+    assert short.loc[0, "core-min to 0.58"].endswith("(extrapolated on 2 of 2 seeds)")
+    assert table.loc[1, "core-min to 0.50"] == "not reached: asymptote <= 0.50 on 1 of 2 seeds"
+    assert float(table.loc[0, "fitted at 20 core-min"].split(" ")[0]) == pytest.approx(0.375, abs=0.01)

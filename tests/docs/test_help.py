@@ -100,3 +100,19 @@ def test_hydra_mains_say_what_they_do(module):
     header = " ".join(done.stdout.split("== Configuration groups ==")[0].split())
     assert header.endswith("."), header
     assert "powered by Hydra" not in done.stdout
+
+
+def test_every_reproduce_command_of_a_results_page_names_a_table_grpo_report_takes():
+    """The pages' compute-curve tables once ended with `grpo-report <dir> --table compute_curve_basic`, a name the
+    command refused (its choices were the fixed tables only)."""
+    from grpo_exp.apps import report
+
+    pages = sorted((ROOT / "docs" / "results").rglob("*.md"))
+    found = [(page.name, name) for page in pages
+             for name in re.findall(r"^Reproduce: `grpo-report \S+(?: \S+)* --table (\S+)`", page.read_text(), re.M)]
+    assert any(name.startswith("compute_curve_") for _, name in found)
+    for page, name in found:
+        assert report.parse_args(["outputs/none", "--table", name]).table == name, page
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+        report.parse_args(["outputs/none", "--table", "compute_curve_"])
+    assert "compute_curve_<set>" in err.getvalue()
