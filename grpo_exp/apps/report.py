@@ -20,6 +20,7 @@ DESCRIPTION = ("Report on training runs and sweeps: report.md, report.csv and pl
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from grpo_exp.analysis import PER_SET_TABLES, is_table
     from grpo_exp.analysis import TABLES as NAMES
     from grpo_exp.analysis.bench.tables import NAMES as BENCH_NAMES
 
@@ -35,14 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compare", metavar="PAGE_OR_RUN_DIR",
                         help="compare the runs given (dirs) with a results page or a run directory: per figure the "
                              "page's mean and seed spread, yours, and whether yours falls inside it")
-    from grpo_exp.analysis import PER_SET_TABLES, is_table
-
     names = [*NAMES, *(f"{prefix}_<set>" for prefix in PER_SET_TABLES)]
 
     def table(name: str) -> str:
         if is_table(name) or name in BENCH_NAMES:
             return name
-        raise argparse.ArgumentTypeError(f"invalid choice: '{name}' (choose from {', '.join(names + list(BENCH_NAMES))})")
+        choices = ", ".join([*names, *BENCH_NAMES])
+        raise argparse.ArgumentTypeError(f"invalid choice: '{name}' (choose from {choices})")
 
     parser.add_argument("--table", type=table, metavar="NAME",
                         help=f"print this table of the page (Markdown) and write nothing: {', '.join(names)} (the "
