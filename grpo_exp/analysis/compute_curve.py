@@ -154,9 +154,26 @@ def trained_set(jobs: list[dict]) -> str:
     return max(counts, key=counts.get) if counts else "basic"
 
 
+def arm_means(fitted: list[tuple[str, tuple, dict]]) -> dict[str, tuple[list[float], list[float], int]]:
+    """Per variant, the mean over its seeds of the k-th evaluation's compute and accuracy (k up to the fewest any seed
+    has, the start included), and the number of seeds: the arm's line."""
+    by_variant: dict[str, list[tuple[float, list]]] = {}
+    for label, (r0, found), _ in fitted:
+        by_variant.setdefault(label, []).append((r0, found))
+    means = {}
+    for label, runs in by_variant.items():
+        k = min(len(found) for _, found in runs)
+        xs = [0.0] + [float(np.mean([found[i][0] for _, found in runs])) for i in range(k)]
+        ys = [float(np.mean([r0 for r0, _ in runs]))] + [float(np.mean([found[i][1] for _, found in runs]))
+                                                         for i in range(k)]
+        means[label] = (xs, ys, len(runs))
+    return means
+
+
 def plot(jobs: list[dict], labels: list[str], path, name: str | None = None):
-    """Accuracy against core-minutes on set `name` (None: the stage the jobs trained on): per variant one colour,
-    each seed a thin line, its fit dashed."""
+    """Accuracy against core-minutes on set `name` (None: the stage the jobs trained on): per variant one colour and
+    one thick line (the mean over its seeds of each evaluation, at their mean compute), each seed a thin line, its fit
+    dashed."""
     name = name or trained_set(jobs)
     fitted = fits(jobs, labels, name)
     if not fitted:
@@ -169,14 +186,16 @@ def plot(jobs: list[dict], labels: list[str], path, name: str | None = None):
     for label, (r0, found), f in fitted:
         xs, ys = [0.0] + [p[0] for p in found], [r0] + [p[1] for p in found]
         first = not any(line.get_label() == label for line in ax.get_lines())
-        ax.plot(xs, ys, color=colours[label], linewidth=0.9, alpha=0.7, marker="o", markersize=2.5,
-                label=label if first else None)
+        ax.plot(xs, ys, color=colours[label], linewidth=0.7, alpha=0.5, marker="o", markersize=2,
+                label=f"{label}: seeds" if first else None)
         grid = np.linspace(max(xs[1] / 4, 1e-3), f["max_core_min"], 200)
         ax.plot(grid, curve(grid, r0, f["asymptote"], f["efficiency"], f["mid_core_min"]), color=colours[label],
                 linestyle="--", linewidth=1.2)
+    for label, (xs, ys, seeds) in arm_means(fitted).items():
+        ax.plot(xs, ys, color=colours[label], linewidth=2.4, label=f"{label}: mean of {seeds} seeds")
     ax.set_xlabel("training compute (core-minutes: CPU seconds in optimizer steps / 60)")
     ax.set_ylabel(f"validation accuracy ({name})")
-    ax.set_title("Accuracy against training compute (dashed: fitted saturating curve)")
+    ax.set_title("Accuracy against training compute (thin: seeds; thick: their mean; dashed: fitted curves)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(plt, fig, path)

@@ -89,3 +89,15 @@ def test_the_table_says_on_how_many_seeds_the_target_is_never_reached():
     assert short.loc[0, "core-min to 0.58"].endswith("(extrapolated on 2 of 2 seeds)")
     assert table.loc[1, "core-min to 0.50"] == "not reached: asymptote <= 0.50 on 1 of 2 seeds"
     assert float(table.loc[0, "fitted at 20 core-min"].split(" ")[0]) == pytest.approx(0.375, abs=0.01)
+
+
+def test_an_arms_line_is_the_mean_of_its_seeds_evaluations_up_to_the_fewest():
+    jobs = [_job(0.1, 0.5, 1.0, 10.0, seconds_per_step=30.0, seed=0),
+            _job(0.2, 0.5, 1.0, 10.0, seconds_per_step=60.0, seed=1, steps=60)]
+    fitted = compute_curve.fits(jobs, ["a", "a"], "basic")
+    xs, ys, seeds = compute_curve.arm_means(fitted)["a"]
+    assert seeds == 2 and len(xs) == len(ys) == 1 + 6  # the start and the six evaluations both seeds have
+    assert xs[0] == 0.0 and ys[0] == pytest.approx(0.15)
+    assert xs[1] == pytest.approx((5.0 + 10.0) / 2)  # step 10 at 30 and at 60 core-seconds a step
+    first = [fitted[0][1][1][0][1], fitted[1][1][1][0][1]]
+    assert ys[1] == pytest.approx(sum(first) / 2)
