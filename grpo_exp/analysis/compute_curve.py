@@ -185,17 +185,16 @@ def plot(jobs: list[dict], labels: list[str], path, name: str | None = None):
     colours = {label: f"C{i}" for i, label in enumerate(dict.fromkeys(label for label, _, _ in fitted))}
     for label, (r0, found), f in fitted:
         xs, ys = [0.0] + [p[0] for p in found], [r0] + [p[1] for p in found]
-        first = not any(line.get_label() == label for line in ax.get_lines())
-        ax.plot(xs, ys, color=colours[label], linewidth=0.7, alpha=0.5, marker="o", markersize=2,
-                label=f"{label}: seeds" if first else None)
+        ax.plot(xs, ys, color=colours[label], linewidth=0.7, alpha=0.5, marker="o", markersize=2)
         grid = np.linspace(max(xs[1] / 4, 1e-3), f["max_core_min"], 200)
         ax.plot(grid, curve(grid, r0, f["asymptote"], f["efficiency"], f["mid_core_min"]), color=colours[label],
                 linestyle="--", linewidth=1.2)
     for label, (xs, ys, seeds) in arm_means(fitted).items():
-        ax.plot(xs, ys, color=colours[label], linewidth=2.4, label=f"{label}: mean of {seeds} seeds")
+        ax.plot(xs, ys, color=colours[label], linewidth=2.4, label=f"{label} (mean of {seeds} seeds)")
     ax.set_xlabel("training compute (core-minutes: CPU seconds in optimizer steps / 60)")
     ax.set_ylabel(f"validation accuracy ({name})")
-    ax.set_title("Accuracy against training compute (thin: seeds; thick: their mean; dashed: fitted curves)")
+    ax.set_title("Accuracy against training compute\n(thin: each seed, dashed: its fitted curve; thick: the mean over seeds)",
+                 fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(plt, fig, path)
