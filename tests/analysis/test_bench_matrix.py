@@ -223,7 +223,7 @@ def test_a_matrix_of_one_point_on_the_tiny_model(tmp_path):
     assert again.returncode == 0 and again.stdout.count("measured already") == 1, again.stderr[-2000:]
 
 
-def test_skip_over_memory_runs_the_rest_and_lists_what_it_left_out(tmp_path, fake_children, monkeypatch):
+def test_skip_over_memory_runs_the_rest_and_lists_what_it_left_out(tmp_path, fake_children, monkeypatch, capsys):
     monkeypatch.setattr(matrix, "native_bf16", lambda: "fp32")
     out, page = tmp_path / "matrix", tmp_path / "docs" / "results" / "scale.md"
     argv = ["--matrix", "--models", "tiny_random", "--lengths", "8,64", "--groups", "2", "--steps", "1", "--warmup",
@@ -232,7 +232,11 @@ def test_skip_over_memory_runs_the_rest_and_lists_what_it_left_out(tmp_path, fak
     monkeypatch.setattr(matrix, "available_mb", lambda: (sizes[8] + sizes[64]) / 2)  # the longer point is over
     with pytest.raises(matrix.MatrixError, match="--skip-over-memory"):
         matrix.run_matrix(parse_args(argv))
+    capsys.readouterr()
     assert matrix.run_matrix(parse_args([*argv, "--skip-over-memory"])) == 0
+    said = capsys.readouterr().out
+    assert "tiny_random L64 G2: left out (--skip-over-memory)" in said
+    assert "it runs (--no-memory-check)" not in said  # the point left out is not announced as running
     assert {point for point, _ in fake_children} == {"tiny_random-L8-G2"}
     report = json.loads((out / "matrix.json").read_text())
     assert [p["status"] for p in report["points"]] == ["ok", matrix.OVER_MEMORY]

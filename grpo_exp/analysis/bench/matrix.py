@@ -198,7 +198,7 @@ def run_matrix(args: argparse.Namespace, runner=None) -> int:
     for reason in skipped.values():
         _say(reason)
     for point in points:
-        if point.state != "measured" and point.estimate["peak_mb"] > free_mb:  # only with --no-memory-check
+        if point.state not in ("measured", OVER_MEMORY) and point.estimate["peak_mb"] > free_mb:  # --no-memory-check
             _say(f"point {point.label}: estimated peak {point.estimate['peak_mb'] / 1024:.1f} GB, over the "
                  f"{free_mb / 1024:.1f} GB available; it runs (--no-memory-check)")
     kept = sum(p.state == "measured" for p in points)
