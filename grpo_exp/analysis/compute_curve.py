@@ -193,8 +193,8 @@ def plot(jobs: list[dict], labels: list[str], path, name: str | None = None):
         ax.plot(xs, ys, color=colours[label], linewidth=2.4, label=f"{label} (mean of {seeds} seeds)")
     ax.set_xlabel("training compute (core-minutes: CPU seconds in optimizer steps / 60)")
     ax.set_ylabel(f"validation accuracy ({name})")
-    ax.set_title("Accuracy against training compute\n(thin: each seed, dashed: its fitted curve; thick: the mean over seeds)",
-                 fontsize=10)
+    ax.set_title("Accuracy against training compute\n"
+                 "(thin: each seed, dashed: its fitted curve; thick: the mean over seeds)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(plt, fig, path)
