@@ -103,6 +103,14 @@ def fits(jobs: list[dict], labels: list[str], name: str) -> list[tuple[str, tupl
     return out
 
 
+def by_variant(fitted: list[tuple[str, tuple, dict]]) -> dict[str, list[tuple[tuple, dict]]]:
+    """`fits`' output grouped by variant, in order of first appearance: each seed's points and its fit."""
+    groups: dict[str, list[tuple[tuple, dict]]] = {}
+    for label, found, run_fit in fitted:
+        groups.setdefault(label, []).append((found, run_fit))
+    return groups
+
+
 def _cell(values: list[float], digits: int = 3) -> str:
     mean = sum(values) / len(values)
     interval = mean_interval(values) if len(values) >= 2 else None
@@ -126,11 +134,9 @@ def curve_table(jobs: list[dict], labels: list[str], name: str = "basic", budget
     """One row per variant: seeds, and the mean over seeds (95% t interval) of the asymptote, efficiency, midpoint
     compute, the fitted accuracy at `budget_core_min`, the core-minutes the fit needs to reach `target` (or on how
     many seeds it never does), the last measured accuracy and the compute it took."""
-    by_variant: dict[str, list[dict]] = {}
-    for label, _, fitted in fits(jobs, labels, name):
-        by_variant.setdefault(label, []).append(fitted)
     rows = []
-    for label, found in by_variant.items():
+    for label, runs in by_variant(fits(jobs, labels, name)).items():
+        found = [fitted for _, fitted in runs]
         rows.append({"variant": label, "set": name, "seeds": len(found),
                      "start": _cell([f["start"] for f in found]),
                      "asymptote A": _cell([f["asymptote"] for f in found]),
@@ -157,11 +163,9 @@ def trained_set(jobs: list[dict]) -> str:
 def arm_means(fitted: list[tuple[str, tuple, dict]]) -> dict[str, tuple[list[float], list[float], int]]:
     """Per variant, the mean over its seeds of the k-th evaluation's compute and accuracy (k up to the fewest any seed
     has, the start included), and the number of seeds: the arm's line."""
-    by_variant: dict[str, list[tuple[float, list]]] = {}
-    for label, (r0, found), _ in fitted:
-        by_variant.setdefault(label, []).append((r0, found))
     means = {}
-    for label, runs in by_variant.items():
+    for label, seeds in by_variant(fitted).items():
+        runs = [run_points for run_points, _ in seeds]
         k = min(len(found) for _, found in runs)
         xs = [0.0] + [float(np.mean([found[i][0] for _, found in runs])) for i in range(k)]
         ys = [float(np.mean([r0 for r0, _ in runs]))] + [float(np.mean([found[i][1] for _, found in runs]))
